@@ -1,0 +1,39 @@
+"""Roles shared by API tokens and browser users.
+
+viewer < operator < admin; `ingest` stands apart: it may post events for its
+cluster and nothing else. A Django user's role is the highest of the groups
+named after roles it belongs to (a superuser is an admin).
+"""
+
+ROLE_ORDER = ("viewer", "operator", "admin")
+INGEST = "ingest"
+
+
+def user_role(user) -> str | None:
+    if not user or not user.is_authenticated or not user.is_active:
+        return None
+    if user.is_superuser:
+        return "admin"
+    names = {g.name for g in user.groups.all()}
+    for role in reversed(ROLE_ORDER):
+        if role in names:
+            return role
+    return None
+
+
+def role_allows(role: str | None, required: str) -> bool:
+    """Whether `role` may do what needs `required`."""
+    if role is None:
+        return False
+    if required == INGEST or role == INGEST:
+        return role == required
+    return ROLE_ORDER.index(role) >= ROLE_ORDER.index(required)
+
+
+def request_role(request) -> str | None:
+    """The role a request acts with: its token's scope, else its user's role."""
+    from console.models import ApiToken
+
+    if isinstance(request.auth, ApiToken):
+        return request.auth.scope
+    return user_role(request.user)

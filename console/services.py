@@ -1,0 +1,52 @@
+"""Writes of the console app: tokens and users' roles."""
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.db import transaction
+
+from console.models import ApiToken, new_raw_token, token_digest
+from console.roles import ROLE_ORDER
+from jobs.services import cluster_get_or_create
+
+
+class RoleError(ValueError):
+    pass
+
+
+def token_issue(
+    *, scope: str, cluster_name: str | None = None, username: str | None = None, name: str = ""
+) -> tuple[ApiToken, str]:
+    """A new token and its raw value (shown once). An ingest token's cluster is created if missing."""
+    if scope not in ApiToken.Scope.values:
+        raise RoleError(f"unknown scope {scope!r}; one of {', '.join(ApiToken.Scope.values)}")
+    if scope == ApiToken.Scope.INGEST and not cluster_name:
+        raise RoleError("an ingest token needs --cluster: it may post events for that cluster only")
+    if scope != ApiToken.Scope.INGEST and cluster_name:
+        raise RoleError("only ingest tokens are bound to a cluster")
+    user = None
+    if username:
+        user = get_user_model().objects.filter(username=username).first()
+        if user is None:
+            raise RoleError(f"no user named {username!r}")
+    with transaction.atomic():
+        cluster = cluster_get_or_create(name=cluster_name) if cluster_name else None
+        raw = new_raw_token()
+        token = ApiToken.objects.create(
+            name=name,
+            digest=token_digest(raw),
+            hint=raw[:12],
+            scope=scope,
+            cluster=cluster,
+            user=user,
+        )
+    return token, raw
+
+
+def user_set_role(*, user, role: str | None) -> None:
+    """Give `user` exactly one role (or none)."""
+    if role is not None and role not in ROLE_ORDER:
+        raise RoleError(f"unknown role {role!r}; one of {', '.join(ROLE_ORDER)}")
+    with transaction.atomic():
+        user.groups.remove(*Group.objects.filter(name__in=ROLE_ORDER))
+        if role:
+            user.groups.add(Group.objects.get_or_create(name=role)[0])

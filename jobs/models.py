@@ -1,0 +1,275 @@
+"""The ledger's data: clusters, nodes, training jobs, their launches, the raw
+event stream and what ingest projects out of it (steps, rank windows,
+checkpoints).
+
+Stream rows (events, steps, rank windows) keep `ts` as float seconds since the
+epoch on the job's own clock: microsecond precision, no time-zone handling, and
+the accounting reads them as plain numbers. Summary rows (attempts,
+checkpoints, jobs) use datetimes for people and the API.
+"""
+
+from django.db import models
+from django.db.models import Q
+
+
+# The kinds that shape a job's timeline; the accounting reads these events.
+LIFECYCLE_KINDS = (
+    "attempt_started",
+    "ready",
+    "checkpoint_load_started",
+    "checkpoint_loaded",
+    "checkpoint_save_started",
+    "checkpoint_saved",
+    "fault",
+    "attempt_ended",
+    "job_finished",
+)
+
+
+class Cluster(models.Model):
+    name = models.SlugField(max_length=100, unique=True)
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class Node(models.Model):
+    class State(models.TextChoices):
+        ACTIVE = "active"
+        SUSPECT = "suspect"
+        CORDONED = "cordoned"
+        DRAINING = "draining"
+        IN_REPAIR = "in_repair"
+        SPARE = "spare"
+        RETIRED = "retired"
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
+    name = models.CharField(max_length=128)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.ACTIVE)
+    gpus = models.PositiveIntegerField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    state_changed_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["cluster_id", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="node_unique_name_per_cluster")
+        ]
+        indexes = [models.Index(fields=["cluster", "state"], name="node_cluster_state")]
+
+    def __str__(self):
+        return f"{self.cluster_id}/{self.name}"
+
+
+class TrainingJob(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending"  # known, no launch reported yet
+        RUNNING = "running"  # the latest launch has not ended
+        INTERRUPTED = "interrupted"  # the latest launch ended without completing
+        COMPLETED = "completed"  # job_finished after a completed launch
+        FAILED = "failed"  # job_finished after a launch that did not complete
+
+    key = models.SlugField(max_length=100, unique=True)
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="jobs")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    created_at = models.DateTimeField(auto_now_add=True)
+    # The job's clock, as seconds since the epoch: the ledger runs to
+    # last_event_ts while the job runs.
+    first_event_ts = models.FloatField(null=True, blank=True)
+    last_event_ts = models.FloatField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    last_step = models.BigIntegerField(null=True, blank=True)
+    last_step_ts = models.FloatField(null=True, blank=True)
+    # Bumped by every ingest that stored something for the job: cached
+    # figures computed at an older revision are stale.
+    revision = models.BigIntegerField(default=0)
+    events_count = models.BigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["cluster", "status"], name="job_cluster_status")]
+
+    def __str__(self):
+        return self.key
+
+
+class Attempt(models.Model):
+    """One launch of a job, as its lifecycle events describe it."""
+
+    class EndReason(models.TextChoices):
+        COMPLETED = "completed"
+        FAILED = "failed"
+        KILLED = "killed"
+        PREEMPTED = "preempted"
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    world_size = models.PositiveIntegerField(null=True, blank=True)
+    gpus_per_node = models.PositiveIntegerField(null=True, blank=True)
+    nodes = models.ManyToManyField(Node, blank=True, related_name="attempts")
+    started_at = models.DateTimeField(null=True, blank=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    end_reason = models.CharField(max_length=16, choices=EndReason.choices, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job_id", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "number"], name="attempt_unique_number")
+        ]
+
+    def __str__(self):
+        return f"{self.job_id}#{self.number}"
+
+
+class Event(models.Model):
+    """The raw stream exactly as received, deduplicated on (job, client id)."""
+
+    class Kind(models.TextChoices):
+        ATTEMPT_STARTED = "attempt_started"
+        READY = "ready"
+        CHECKPOINT_LOAD_STARTED = "checkpoint_load_started"
+        CHECKPOINT_LOADED = "checkpoint_loaded"
+        STEP = "step"
+        CHECKPOINT_SAVE_STARTED = "checkpoint_save_started"
+        CHECKPOINT_SAVED = "checkpoint_saved"
+        RANK_WINDOW = "rank_window"
+        HEARTBEAT = "heartbeat"
+        FAULT = "fault"
+        ATTEMPT_ENDED = "attempt_ended"
+        JOB_FINISHED = "job_finished"
+
+    LIFECYCLE_KINDS = LIFECYCLE_KINDS
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="events")
+    client_id = models.CharField(max_length=128)
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+    ts = models.FloatField(help_text="seconds since the epoch, on the job's clock")
+    attempt = models.PositiveIntegerField(null=True, blank=True)
+    node = models.CharField(max_length=128, blank=True)
+    rank = models.IntegerField(null=True, blank=True)
+    data = models.JSONField(default=dict)
+    received_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "client_id"], name="event_unique_client_id")
+        ]
+        indexes = [
+            # Lifecycle events are a small share of the stream: a partial index
+            # finds them without paying for an index on every step and window.
+            models.Index(
+                fields=["job", "ts"],
+                name="event_lifecycle_by_job",
+                condition=Q(kind__in=LIFECYCLE_KINDS),
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.job_id}:{self.client_id} {self.kind}"
+
+
+class StepRecord(models.Model):
+    """One execution of a step in one launch (rank 0's report)."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="steps")
+    attempt = models.PositiveIntegerField()
+    step = models.BigIntegerField()
+    ts = models.FloatField()
+    loss = models.FloatField(null=True, blank=True)
+    grad_norm = models.FloatField(null=True, blank=True)
+    tokens = models.BigIntegerField(null=True, blank=True)
+    step_time_s = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "attempt", "step"], name="step_unique_per_attempt"
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.job_id}#{self.attempt} step {self.step}"
+
+
+class RankWindow(models.Model):
+    """Per-rank means over a window of steps: where stragglers show."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="rank_windows")
+    attempt = models.PositiveIntegerField()
+    rank = models.IntegerField()
+    node = models.ForeignKey(
+        Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="rank_windows"
+    )
+    first_step = models.BigIntegerField()
+    last_step = models.BigIntegerField()
+    ts = models.FloatField()
+    compute_s = models.FloatField()
+    step_s = models.FloatField()
+    comm_wait_s = models.FloatField(null=True, blank=True)
+    data_wait_s = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "attempt", "rank", "first_step"], name="rank_window_unique"
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.job_id}#{self.attempt} rank {self.rank} [{self.first_step}..{self.last_step}]"
+
+
+class Checkpoint(models.Model):
+    """A checkpoint of `step` written during one launch."""
+
+    # Tiers that do not survive the loss of a node: not a safe restart point.
+    NON_DURABLE_TIERS = ("memory", "local")
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="checkpoints")
+    attempt = models.PositiveIntegerField()
+    step = models.BigIntegerField()
+    save_started_at = models.DateTimeField(null=True, blank=True)
+    saved_at = models.DateTimeField(null=True, blank=True)
+    blocking_s = models.FloatField(null=True, blank=True)
+    bytes = models.BigIntegerField(null=True, blank=True)
+    uri = models.CharField(max_length=1024, blank=True)
+    tier = models.CharField(max_length=32, blank=True)
+    durable = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["job_id", "saved_at", "step"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "attempt", "step"], name="checkpoint_unique_per_attempt"
+            )
+        ]
+        indexes = [
+            models.Index(
+                fields=["job", "-saved_at"],
+                name="checkpoint_durable_latest",
+                condition=Q(durable=True),
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.job_id} step {self.step} ({self.tier or 'default'})"
+
+
+class LedgerSnapshot(models.Model):
+    """The cumulative ledger of a job as computed at `revision`."""
+
+    job = models.OneToOneField(TrainingJob, on_delete=models.CASCADE, related_name="ledger")
+    revision = models.BigIntegerField()
+    figures = models.JSONField()
+    computed_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self):
+        return f"ledger of {self.job_id} at r{self.revision}"

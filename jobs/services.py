@@ -1,0 +1,330 @@
+"""Writes of the jobs app: ingest, and what it projects out of the stream.
+
+`events_ingest` is all or nothing: one transaction stores the new events,
+their projections (steps, rank windows, attempts, checkpoints, nodes) and the
+jobs' summary fields, or nothing at all. Deduplication is on (job, client id):
+the job rows are locked first, so two deliveries of one batch can never both
+count the same event as new.
+"""
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import orjson
+from django.db import transaction
+from django.db.models import F
+from django.db.models.functions import Coalesce, Greatest
+from django.utils import timezone
+
+from console.exceptions import ApiError
+from jobs.bulk import insert_ignoring_conflicts
+from jobs.models import (
+    Attempt,
+    Checkpoint,
+    Cluster,
+    Event,
+    Node,
+    RankWindow,
+    StepRecord,
+    TrainingJob,
+)
+from jobs.wire import WireEvent, as_float
+
+EVENT_COLUMNS = ["job", "client_id", "kind", "ts", "attempt", "node", "rank", "data", "received_at"]
+STEP_COLUMNS = ["job", "attempt", "step", "ts", "loss", "grad_norm", "tokens", "step_time_s"]
+WINDOW_COLUMNS = [
+    "job",
+    "attempt",
+    "rank",
+    "node",
+    "first_step",
+    "last_step",
+    "ts",
+    "compute_s",
+    "step_s",
+    "comm_wait_s",
+    "data_wait_s",
+]
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    accepted: int
+    duplicates: int
+
+
+def dt(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, tz=UTC)
+
+
+def cluster_get_or_create(*, name: str) -> Cluster:
+    cluster, _ = Cluster.objects.get_or_create(name=name)
+    return cluster
+
+
+def _lock_jobs(*, cluster: Cluster, keys: set[str]) -> dict[str, TrainingJob]:
+    """The batch's jobs, created on the token's cluster when new, locked for this transaction."""
+    TrainingJob.objects.bulk_create(
+        [TrainingJob(key=k, cluster=cluster) for k in sorted(keys)], ignore_conflicts=True
+    )
+    jobs = {
+        j.key: j
+        for j in TrainingJob.objects.select_for_update().filter(key__in=keys).order_by("id")
+    }
+    foreign = sorted(k for k, j in jobs.items() if j.cluster_id != cluster.id)
+    if foreign:
+        raise ApiError(
+            403,
+            "forbidden_job",
+            f"This token's cluster '{cluster.name}' does not own job(s): {', '.join(foreign)}.",
+            jobs=foreign,
+        )
+    return jobs
+
+
+def _new_events(jobs: dict[str, TrainingJob], events: list[WireEvent]) -> list[WireEvent]:
+    """Events not stored yet, each (job, id) once: the first in the batch wins."""
+    by_job: dict[int, list[str]] = defaultdict(list)
+    for e in events:
+        by_job[jobs[e.job].id].append(e.client_id)
+    stored: set[tuple[int, str]] = set()
+    for job_id, ids in by_job.items():
+        stored.update(
+            (job_id, cid)
+            for cid in Event.objects.filter(job_id=job_id, client_id__in=set(ids)).values_list(
+                "client_id", flat=True
+            )
+        )
+    fresh = []
+    for e in events:
+        key = (jobs[e.job].id, e.client_id)
+        if key not in stored:
+            stored.add(key)
+            fresh.append(e)
+    return fresh
+
+
+def _ensure_nodes(cluster_id: int, names: set[str]) -> dict[str, int]:
+    if not names:
+        return {}
+    Node.objects.bulk_create(
+        [Node(cluster_id=cluster_id, name=n) for n in sorted(names)], ignore_conflicts=True
+    )
+    return dict(
+        Node.objects.filter(cluster_id=cluster_id, name__in=names).values_list("name", "id")
+    )
+
+
+def events_ingest(*, cluster: Cluster, events: list[WireEvent]) -> IngestResult:
+    """Store a validated batch for jobs of `cluster`; see the module docstring."""
+    now = timezone.now()
+    with transaction.atomic():
+        jobs = _lock_jobs(cluster=cluster, keys={e.job for e in events})
+        fresh = _new_events(jobs, events)
+        if fresh:
+            _store(cluster, jobs, fresh, now)
+    return IngestResult(accepted=len(fresh), duplicates=len(events) - len(fresh))
+
+
+def _store(cluster: Cluster, jobs: dict[str, TrainingJob], fresh: list[WireEvent], now) -> None:
+    job_id = {k: j.id for k, j in jobs.items()}
+    dumps = orjson.dumps
+
+    insert_ignoring_conflicts(
+        Event,
+        EVENT_COLUMNS,
+        [
+            [job_id[e.job] for e in fresh],
+            [e.client_id for e in fresh],
+            [e.kind for e in fresh],
+            [e.ts for e in fresh],
+            [e.attempt for e in fresh],
+            [e.node for e in fresh],
+            [e.rank for e in fresh],
+            [dumps(e.data).decode() for e in fresh],
+            [now] * len(fresh),
+        ],
+    )
+
+    steps = [e for e in fresh if e.kind == "step"]
+    windows = [e for e in fresh if e.kind == "rank_window"]
+    lifecycle = [e for e in fresh if e.kind in Event.LIFECYCLE_KINDS]
+    heartbeats = [e for e in fresh if e.kind == "heartbeat"]
+
+    node_names = {e.node for e in fresh if e.node}
+    for e in lifecycle:
+        if e.kind == "attempt_started":
+            node_names.update(e.data.get("nodes") or ())
+    node_ids = _ensure_nodes(cluster.id, node_names)
+
+    if steps:
+        insert_ignoring_conflicts(
+            StepRecord,
+            STEP_COLUMNS,
+            [
+                [job_id[e.job] for e in steps],
+                [e.attempt for e in steps],
+                [e.data["step"] for e in steps],
+                [e.ts for e in steps],
+                [as_float(e.data.get("loss")) for e in steps],
+                [as_float(e.data.get("grad_norm")) for e in steps],
+                [e.data.get("tokens") for e in steps],
+                [as_float(e.data.get("step_time_s")) for e in steps],
+            ],
+        )
+    if windows:
+        insert_ignoring_conflicts(
+            RankWindow,
+            WINDOW_COLUMNS,
+            [
+                [job_id[e.job] for e in windows],
+                [e.attempt for e in windows],
+                [e.rank for e in windows],
+                [node_ids.get(e.node) for e in windows],
+                [e.data["first_step"] for e in windows],
+                [e.data["last_step"] for e in windows],
+                [e.ts for e in windows],
+                [float(e.data["compute_s"]) for e in windows],
+                [float(e.data["step_s"]) for e in windows],
+                [as_float(e.data.get("comm_wait_s")) for e in windows],
+                [as_float(e.data.get("data_wait_s")) for e in windows],
+            ],
+        )
+    _record_heartbeats(node_ids, heartbeats)
+    _project_lifecycle(jobs, fresh, lifecycle, node_ids)
+    _update_jobs(jobs, fresh, lifecycle)
+
+
+def _record_heartbeats(node_ids: dict[str, int], heartbeats: list[WireEvent]) -> None:
+    latest: dict[str, float] = {}
+    for e in heartbeats:
+        if e.ts > latest.get(e.node, 0.0):
+            latest[e.node] = e.ts
+    for name, ts in latest.items():
+        at = dt(ts)
+        Node.objects.filter(pk=node_ids[name]).update(
+            last_heartbeat_at=Greatest(Coalesce(F("last_heartbeat_at"), at), at)
+        )
+
+
+def _earlier(current: datetime | None, ts: float) -> bool:
+    return current is None or dt(ts) < current
+
+
+def _project_lifecycle(jobs, fresh, lifecycle, node_ids) -> None:
+    """Attempt and checkpoint rows from lifecycle events, whatever order they come in."""
+    job_id = {k: j.id for k, j in jobs.items()}
+    numbers = {(job_id[e.job], e.attempt) for e in fresh if e.attempt is not None}
+    if not numbers:
+        return
+    Attempt.objects.bulk_create(
+        [Attempt(job_id=j, number=n) for j, n in sorted(numbers)], ignore_conflicts=True
+    )
+    if not lifecycle:
+        return
+    touched_jobs = {job_id[e.job] for e in lifecycle if e.attempt is not None}
+    attempts = {
+        (a.job_id, a.number): a
+        for a in Attempt.objects.select_for_update().filter(job_id__in=touched_jobs)
+    }
+    checkpoints: dict[tuple[int, int, int], Checkpoint] = {}
+    changed: set[tuple[int, int]] = set()
+    for e in sorted(lifecycle, key=lambda e: e.ts):
+        if e.attempt is None:
+            continue
+        key = (job_id[e.job], e.attempt)
+        a = attempts[key]
+        d = e.data
+        if e.kind == "attempt_started" and _earlier(a.started_at, e.ts):
+            a.started_at = dt(e.ts)
+            a.world_size = d["world_size"]
+            a.gpus_per_node = d.get("gpus_per_node")
+            names = d.get("nodes") or []
+            a.nodes.set([node_ids[n] for n in names])
+            changed.add(key)
+        elif e.kind == "ready" and _earlier(a.ready_at, e.ts):
+            a.ready_at = dt(e.ts)
+            changed.add(key)
+        elif e.kind == "attempt_ended" and _earlier(a.ended_at, e.ts):
+            a.ended_at = dt(e.ts)
+            a.end_reason = d["reason"]
+            a.exit_code = d.get("exit_code")
+            changed.add(key)
+        elif e.kind in ("checkpoint_save_started", "checkpoint_saved"):
+            ck_key = (key[0], e.attempt, d["step"])
+            if ck_key not in checkpoints:
+                checkpoints[ck_key], _ = Checkpoint.objects.select_for_update().get_or_create(
+                    job_id=key[0], attempt=e.attempt, step=d["step"]
+                )
+            ck = checkpoints[ck_key]
+            if e.kind == "checkpoint_save_started":
+                if _earlier(ck.save_started_at, e.ts):
+                    ck.save_started_at = dt(e.ts)
+            elif _earlier(ck.saved_at, e.ts):
+                ck.saved_at = dt(e.ts)
+                ck.blocking_s = d.get("blocking_s")
+                ck.bytes = d.get("bytes")
+                ck.uri = d.get("uri") or ""
+                ck.tier = d.get("tier") or ""
+                ck.durable = ck.tier not in Checkpoint.NON_DURABLE_TIERS
+    Attempt.objects.bulk_update(
+        [attempts[k] for k in changed],
+        ["started_at", "ready_at", "ended_at", "end_reason", "exit_code", "world_size", "gpus_per_node"],
+    )
+    if checkpoints:
+        Checkpoint.objects.bulk_update(
+            list(checkpoints.values()),
+            ["save_started_at", "saved_at", "blocking_s", "bytes", "uri", "tier", "durable"],
+        )
+
+
+def _update_jobs(jobs, fresh, lifecycle) -> None:
+    per_job: dict[str, list[WireEvent]] = defaultdict(list)
+    for e in fresh:
+        per_job[e.job].append(e)
+    lifecycle_jobs = {e.job for e in lifecycle}
+    for key, evs in per_job.items():
+        job = jobs[key]
+        lo = min(e.ts for e in evs)
+        hi = max(e.ts for e in evs)
+        if job.first_event_ts is None or lo < job.first_event_ts:
+            job.first_event_ts = lo
+        if job.last_event_ts is None or hi > job.last_event_ts:
+            job.last_event_ts = hi
+        for e in evs:
+            if e.kind == "step" and (job.last_step_ts is None or e.ts >= job.last_step_ts):
+                job.last_step, job.last_step_ts = e.data["step"], e.ts
+            elif e.kind == "job_finished" and _earlier(job.finished_at, e.ts):
+                job.finished_at = dt(e.ts)
+        if key in lifecycle_jobs:
+            job.status = _job_status(job)
+        job.revision += 1
+        job.events_count += len(evs)
+        job.save(
+            update_fields=[
+                "first_event_ts",
+                "last_event_ts",
+                "last_step",
+                "last_step_ts",
+                "finished_at",
+                "status",
+                "revision",
+                "events_count",
+            ]
+        )
+
+
+def _job_status(job: TrainingJob) -> str:
+    latest = job.attempts.exclude(started_at=None).order_by("-number").first() or (
+        job.attempts.order_by("-number").first()
+    )
+    S = TrainingJob.Status
+    reason = latest.end_reason if latest else ""
+    if job.finished_at is not None:
+        return S.COMPLETED if reason in ("", Attempt.EndReason.COMPLETED) else S.FAILED
+    if latest is None:
+        return S.PENDING
+    if latest.ended_at is None:
+        return S.RUNNING
+    return S.COMPLETED if reason == Attempt.EndReason.COMPLETED else S.INTERRUPTED
