@@ -1,0 +1,85 @@
+"""Shared fixtures: the personas every endpoint is tested with, and an ingest helper.
+
+Personas: admin, operator, viewer (Django users with those roles, each with a
+token acting as them), an outsider (a user with no role), an ingest token for
+cluster `east` and one for cluster `west`.
+"""
+
+import json
+
+import pytest
+from django.contrib.auth import get_user_model
+from rest_framework.test import APIClient
+
+from console.services import token_issue, user_set_role
+
+def _user(username, role):
+    user = get_user_model().objects.create_user(username, password="pw-" + username)
+    if role:
+        user_set_role(user=user, role=role)
+    return user
+
+
+class Persona:
+    def __init__(self, name, raw_token, user=None):
+        self.name = name
+        self.token = raw_token
+        self.user = user
+
+    def client(self) -> APIClient:
+        """A client that authenticates with the persona's token, or its session."""
+        c = APIClient()
+        if self.token:
+            c.credentials(HTTP_AUTHORIZATION=f"Bearer {self.token}")
+        elif self.user:
+            c.force_login(self.user)
+        return c
+
+    def __repr__(self):
+        return f"<persona {self.name}>"
+
+
+@pytest.fixture
+def personas(db):
+    out = {}
+    for role in ("admin", "operator", "viewer"):
+        user = _user(role, role)
+        _, raw = token_issue(scope=role, username=role)
+        out[role] = Persona(role, raw, user)
+    outsider = _user("outsider", None)
+    # A session user with no role: signed in, allowed nothing.
+    out["outsider"] = Persona("outsider", None, outsider)
+    _, raw = token_issue(scope="ingest", cluster_name="east")
+    out["ingest"] = Persona("ingest", raw)
+    _, raw = token_issue(scope="ingest", cluster_name="west")
+    out["ingest_west"] = Persona("ingest_west", raw)
+    return out
+
+
+@pytest.fixture
+def ingest(personas):
+    """Post events with the `east` ingest token; returns the response."""
+
+    def post(events, persona="ingest", **extra):
+        client = personas[persona].client()
+        return client.post(
+            "/api/v1/ingest",
+            data=json.dumps({"events": events}),
+            content_type="application/json",
+            **extra,
+        )
+
+    return post
+
+
+@pytest.fixture(scope="session")
+def sample():
+    """The worked example beside the design: events and the figures it must give."""
+    from pathlib import Path
+
+    shared = Path(__file__).resolve().parent.parent.parent / "shared" / "samples"
+    if not (shared / "small-job.events.json").exists():
+        pytest.skip("the worked example (../shared/samples) is not beside this checkout")
+    events = json.loads((shared / "small-job.events.json").read_text())["events"]
+    expected = json.loads((shared / "small-job.expected.json").read_text())
+    return events, expected
