@@ -25,6 +25,7 @@ def api_exception_handler(exc, context):
     data = response.data
     code = getattr(exc, "default_code", "error")
     if isinstance(data, dict) and set(data) == {"detail"}:
+        code = getattr(data["detail"], "code", code)  # Http404 arrives as DRF's NotFound
         response.data = {"error": code, "detail": str(data["detail"])}
     elif response.status_code == status.HTTP_400_BAD_REQUEST:
         response.data = {"error": "invalid", "detail": "The request is invalid.", "fields": data}
