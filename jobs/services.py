@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import orjson
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import F
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from console.exceptions import ApiError
-from jobs.bulk import insert_ignoring_conflicts
+from jobs.bulk import existing_pairs, insert_ignoring_conflicts
 from jobs.models import (
     Attempt,
     Checkpoint,
@@ -85,20 +86,11 @@ def _lock_jobs(*, cluster: Cluster, keys: set[str]) -> dict[str, TrainingJob]:
 
 def _new_events(jobs: dict[str, TrainingJob], events: list[WireEvent]) -> list[WireEvent]:
     """Events not stored yet, each (job, id) once: the first in the batch wins."""
-    by_job: dict[int, list[str]] = defaultdict(list)
-    for e in events:
-        by_job[jobs[e.job].id].append(e.client_id)
-    stored: set[tuple[int, str]] = set()
-    for job_id, ids in by_job.items():
-        stored.update(
-            (job_id, cid)
-            for cid in Event.objects.filter(job_id=job_id, client_id__in=set(ids)).values_list(
-                "client_id", flat=True
-            )
-        )
+    job_id = {k: j.id for k, j in jobs.items()}
+    keys = [(job_id[e.job], e.client_id) for e in events]
+    stored = existing_pairs(Event, ("job", "client_id"), list(set(keys)))
     fresh = []
-    for e in events:
-        key = (jobs[e.job].id, e.client_id)
+    for e, key in zip(events, keys, strict=True):
         if key not in stored:
             stored.add(key)
             fresh.append(e)
@@ -124,7 +116,21 @@ def events_ingest(*, cluster: Cluster, events: list[WireEvent]) -> IngestResult:
         fresh = _new_events(jobs, events)
         if fresh:
             _store(cluster, jobs, fresh, now)
+            touched = sorted({jobs[e.job].id for e in fresh})
+            transaction.on_commit(lambda: _refresh_ledgers(touched))
     return IngestResult(accepted=len(fresh), duplicates=len(events) - len(fresh))
+
+
+# A busy job sends many batches a second; one refresh per job in this window is enough.
+LEDGER_REFRESH_DEBOUNCE_S = 5
+
+
+def _refresh_ledgers(job_ids: list[int]) -> None:
+    from jobs.tasks import ledger_refresh
+
+    for job_id in job_ids:
+        if cache.add(f"ledger-refresh:{job_id}", 1, timeout=LEDGER_REFRESH_DEBOUNCE_S):
+            ledger_refresh.apply_async((job_id,), countdown=LEDGER_REFRESH_DEBOUNCE_S)
 
 
 def _store(cluster: Cluster, jobs: dict[str, TrainingJob], fresh: list[WireEvent], now) -> None:

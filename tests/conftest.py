@@ -83,3 +83,13 @@ def sample():
     events = json.loads((shared / "small-job.events.json").read_text())["events"]
     expected = json.loads((shared / "small-job.expected.json").read_text())
     return events, expected
+
+
+@pytest.fixture(autouse=True)
+def eager_celery():
+    """Tasks run inline unless a test starts a real worker (see tests/jobs/test_tasks.py)."""
+    from console.celery import app
+
+    app.conf.task_always_eager = True
+    yield
+    app.conf.task_always_eager = False

@@ -273,7 +273,7 @@ def test_async_save_counts_only_its_blocking_and_takes_it_from_its_step():
 
     start 0, ready 1, steps 1..4 at 3, 5, 7, 9 (2 s each); the save blocks
     9 -> 9.5, so step 5 finishes at 11.5; steps 6..10 at 13.5 .. 21.5 while the
-    save is written in the background (saved at 16, between steps 6 and 7);
+    save is written in the background (saved at 16, between steps 7 and 8);
     completed at 22; job_finished at 22.
     """
     events = [
@@ -281,13 +281,12 @@ def test_async_save_counts_only_its_blocking_and_takes_it_from_its_step():
         ev("ready", 1),
         *steps(1, 1, [3, 5, 7, 9]),
         ev("checkpoint_save_started", 9, step=4),
-        *steps(1, 5, [11.5, 13.5]),
+        *steps(1, 5, [11.5, 13.5, 15.5]),
         ev("checkpoint_saved", 16, step=4, blocking_s=0.5),
-        *steps(1, 7, [15.5 + 2, 19.5, 21.5]),
+        *steps(1, 8, [17.5, 19.5, 21.5]),
         ended(22),
         ev("job_finished", 22),
     ]
-    # fix the order of the two events at 16 -> 17.5: step 7 is at 17.5
     expected = {
         "productive": 20,  # 1 -> 21.5 less the 0.5 s blocking
         "startup": 1,  # 0 -> 1
@@ -566,7 +565,8 @@ def test_a_launch_that_never_trained_and_one_stuck_in_restore():
     Launch 1: start 0, ready 3, failed at 8 with no step: stalled from the
     training start (ready 3) to 8.
     Launch 2: start 10, ready 12, load started 13, never loaded, killed at 20:
-    restore 13 -> 20 (no step followed), other 12 -> 13.
+    stalled from the training start (ready 12: nothing was loaded) to 13, then
+    restore 13 -> 20 (a restore that never finished lasts until a step or the end).
     """
     events = [
         started(0),
@@ -579,11 +579,10 @@ def test_a_launch_that_never_trained_and_one_stuck_in_restore():
         ev("job_finished", 20, 2),
     ]
     expected = {
-        "startup": 3 + 2,
-        "stalled": 5,
-        "downtime": 2,
-        "other": 1,
-        "checkpoint_restore": 7,
+        "startup": 3 + 2,  # 0 -> 3, 10 -> 12
+        "stalled": 5 + 1,  # 3 -> 8, 12 -> 13
+        "downtime": 2,  # 8 -> 10
+        "checkpoint_restore": 7,  # 13 -> 20
     }
     assert_ledger(ledger(events), 20, expected, world_size=1)
 
