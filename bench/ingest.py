@@ -197,7 +197,7 @@ def wait_ready(server: subprocess.Popen, base: str, timeout: float = 30.0) -> No
         if server.poll() is not None:
             sys.exit(f"gunicorn exited with {server.returncode}")
         try:
-            session.get(base + "/api/v1/ingest", timeout=2)
+            session.get(base + "/admin/login/", timeout=2)
             return
         except requests.ConnectionError:
             time.sleep(0.2)

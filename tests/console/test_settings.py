@@ -1,0 +1,83 @@
+"""Settings from the environment: laptop defaults, and a production mode that is strict."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def manage(*args, env_overrides, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REBOUND_")}
+    env.pop("DATABASE_URL", None)
+    env.pop("REDIS_URL", None)
+    env["REBOUND_VAR_DIR"] = str(tmp_path)
+    env.update(env_overrides)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=120,
+    )
+
+
+def test_production_refuses_to_start_without_a_secret_key(tmp_path):
+    r = manage("check", env_overrides={"REBOUND_DEBUG": "0"}, tmp_path=tmp_path)
+    assert r.returncode != 0
+    assert "REBOUND_SECRET_KEY must be set" in r.stderr
+
+
+def test_production_passes_check_deploy(tmp_path):
+    r = manage(
+        "check", "--deploy", "--fail-level", "WARNING",
+        env_overrides={
+            "REBOUND_DEBUG": "0",
+            "REBOUND_SECRET_KEY": "k" * 20 + "-production-secret-with-enough-entropy-1234567890",
+            "REBOUND_ALLOWED_HOSTS": "rebound.example.org",
+        },
+        tmp_path=tmp_path,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_defaults_run_on_a_laptop(tmp_path):
+    """No environment at all: SQLite under var/ and the embedded broker."""
+    code = (
+        "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE','console.settings');"
+        "django.setup(); from django.conf import settings as s;"
+        "print(s.DATABASES['default']['ENGINE'], s.DATABASES['default']['NAME'], s.CELERY_BROKER_URL, s.DEBUG)"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REBOUND_")}
+    env.pop("DATABASE_URL", None)
+    env.pop("REDIS_URL", None)
+    env["REBOUND_VAR_DIR"] = str(tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    engine, name, broker, debug = out.stdout.split()
+    assert engine == "django.db.backends.sqlite3"
+    assert name == str(tmp_path / "rebound.sqlite3")
+    assert broker == "filesystem://"
+    assert debug == "True"
+
+
+def test_environment_selects_postgres_and_redis(tmp_path):
+    code = (
+        "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE','console.settings');"
+        "django.setup(); from django.conf import settings as s;"
+        "print(s.DATABASES['default']['ENGINE'], s.CELERY_BROKER_URL, s.ALLOWED_HOSTS)"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REBOUND_")}
+    env.update(
+        DATABASE_URL="postgres://u@db.internal:5432/rebound",
+        REDIS_URL="redis://cache.internal:6379/2",
+        REBOUND_ALLOWED_HOSTS="a.example,b.example",
+        REBOUND_VAR_DIR=str(tmp_path),
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.strip().split(maxsplit=2) == [
+        "django.db.backends.postgresql",
+        "redis://cache.internal:6379/2",
+        "['a.example', 'b.example']",
+    ]
