@@ -18,7 +18,9 @@ class ApiError(Exception):
 
 def api_exception_handler(exc, context):
     if isinstance(exc, ApiError):
-        return Response({"error": exc.code, "detail": exc.detail, **exc.extra}, status=exc.status_code)
+        return Response(
+            {"error": exc.code, "detail": exc.detail, **exc.extra}, status=exc.status_code
+        )
     response = exception_handler(exc, context)
     if response is None:
         return None

@@ -26,7 +26,9 @@ class ApiToken(models.Model):
 
     name = models.CharField(max_length=100, blank=True)
     digest = models.CharField(max_length=64, unique=True)
-    hint = models.CharField(max_length=12, help_text="the token's first characters, to tell tokens apart")
+    hint = models.CharField(
+        max_length=12, help_text="the token's first characters, to tell tokens apart"
+    )
     scope = models.CharField(max_length=16, choices=Scope.choices)
     cluster = models.ForeignKey(
         "jobs.Cluster", on_delete=models.CASCADE, null=True, blank=True, related_name="tokens"
@@ -45,7 +47,9 @@ class ApiToken(models.Model):
     class Meta:
         constraints = [
             models.CheckConstraint(
-                condition=(models.Q(scope="ingest", cluster__isnull=False) | ~models.Q(scope="ingest")),
+                condition=(
+                    models.Q(scope="ingest", cluster__isnull=False) | ~models.Q(scope="ingest")
+                ),
                 name="ingest_token_has_cluster",
             )
         ]

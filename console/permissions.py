@@ -23,6 +23,8 @@ class HasRequiredRole(permissions.BasePermission):
             required = "viewer" if request.method in permissions.SAFE_METHODS else "operator"
         role = request_role(request)
         if not role_allows(role, required):
-            self.message = f"A {role or 'user without a role'} may not do this; it needs {required}."
+            self.message = (
+                f"A {role or 'user without a role'} may not do this; it needs {required}."
+            )
             return False
         return True

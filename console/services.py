@@ -16,7 +16,10 @@ class RoleError(ValueError):
 def token_issue(
     *, scope: str, cluster_name: str | None = None, username: str | None = None, name: str = ""
 ) -> tuple[ApiToken, str]:
-    """A new token and its raw value (shown once). An ingest token's cluster is created if missing."""
+    """A new token and its raw value, shown once.
+
+    An ingest token's cluster is created when missing.
+    """
     if scope not in ApiToken.Scope.values:
         raise RoleError(f"unknown scope {scope!r}; one of {', '.join(ApiToken.Scope.values)}")
     if scope == ApiToken.Scope.INGEST and not cluster_name:

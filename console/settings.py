@@ -125,6 +125,7 @@ STATIC_ROOT = VAR_DIR / "staticfiles"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 
 LOGIN_URL = "/admin/login/"
+LOGIN_REDIRECT_URL = "/"
 
 # Ingest bodies may be up to 5 MiB; the view answers 413 past that itself.
 INGEST_MAX_EVENTS = 5000

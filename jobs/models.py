@@ -11,7 +11,6 @@ checkpoints, jobs) use datetimes for people and the API.
 from django.db import models
 from django.db.models import Q
 
-
 # The kinds that shape a job's timeline; the accounting reads these events.
 LIFECYCLE_KINDS = (
     "attempt_started",
@@ -224,7 +223,9 @@ class RankWindow(models.Model):
         ]
 
     def __str__(self):
-        return f"{self.job_id}#{self.attempt} rank {self.rank} [{self.first_step}..{self.last_step}]"
+        return (
+            f"{self.job_id}#{self.attempt} rank {self.rank} [{self.first_step}..{self.last_step}]"
+        )
 
 
 class Checkpoint(models.Model):

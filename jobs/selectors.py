@@ -28,9 +28,7 @@ def job_list(*, cluster: str | None = None, status: str | None = None) -> QueryS
 
 def attach_summaries(jobs: list[TrainingJob]) -> None:
     """Set `current_attempt` and `last_durable_checkpoint` on each job in two queries."""
-    attempts = Attempt.objects.in_bulk(
-        [j.current_attempt_id for j in jobs if j.current_attempt_id]
-    )
+    attempts = Attempt.objects.in_bulk([j.current_attempt_id for j in jobs if j.current_attempt_id])
     checkpoints = Checkpoint.objects.in_bulk(
         [j.last_durable_checkpoint_id for j in jobs if j.last_durable_checkpoint_id]
     )

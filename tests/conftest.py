@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 
 from console.services import token_issue, user_set_role
 
+
 def _user(username, role):
     user = get_user_model().objects.create_user(username)  # no password: sessions use force_login
     if role:

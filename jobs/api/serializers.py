@@ -26,9 +26,13 @@ class GoodputSerializer(serializers.Serializer):
     categories = CategorySecondsSerializer(help_text="seconds per category; they sum to elapsed_s")
     gpu_seconds = CategorySecondsSerializer(help_text="GPU-seconds per category")
     goodput = serializers.FloatField(allow_null=True, help_text="productive / elapsed, by time")
-    gpu_goodput = serializers.FloatField(allow_null=True, help_text="productive / all, by GPU-seconds")
+    gpu_goodput = serializers.FloatField(
+        allow_null=True, help_text="productive / all, by GPU-seconds"
+    )
     slowdown_s = serializers.FloatField(help_text="time lost to slow productive steps")
-    as_of = serializers.DateTimeField(allow_null=True, help_text="the job-clock time the figures run to")
+    as_of = serializers.DateTimeField(
+        allow_null=True, help_text="the job-clock time the figures run to"
+    )
 
 
 class CheckpointSerializer(serializers.ModelSerializer):

@@ -15,7 +15,11 @@ def manage(*args, env_overrides, tmp_path):
     env["REBOUND_VAR_DIR"] = str(tmp_path)
     env.update(env_overrides)
     return subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=120,
     )
 
@@ -28,7 +32,10 @@ def test_production_refuses_to_start_without_a_secret_key(tmp_path):
 
 def test_production_passes_check_deploy(tmp_path):
     r = manage(
-        "check", "--deploy", "--fail-level", "WARNING",
+        "check",
+        "--deploy",
+        "--fail-level",
+        "WARNING",
         env_overrides={
             "REBOUND_DEBUG": "0",
             "REBOUND_SECRET_KEY": "k" * 20 + "-production-secret-with-enough-entropy-1234567890",
@@ -44,7 +51,8 @@ def test_defaults_run_on_a_laptop(tmp_path):
     code = (
         "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE','console.settings');"
         "django.setup(); from django.conf import settings as s;"
-        "print(s.DATABASES['default']['ENGINE'], s.DATABASES['default']['NAME'], s.CELERY_BROKER_URL, s.DEBUG)"
+        "d = s.DATABASES['default'];"
+        "print(d['ENGINE'], d['NAME'], s.CELERY_BROKER_URL, s.DEBUG)"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("REBOUND_")}
     env.pop("DATABASE_URL", None)

@@ -139,8 +139,14 @@ def test_job_status_follows_the_lifecycle(ingest):
 def test_rfc3339_timestamps_are_accepted(ingest):
     r = ingest(
         [
-            {"id": "a", "job": "j1", "kind": "attempt_started", "ts": "2026-09-21T14:13:20+02:00",
-             "attempt": 1, "data": {"world_size": 2}},
+            {
+                "id": "a",
+                "job": "j1",
+                "kind": "attempt_started",
+                "ts": "2026-09-21T14:13:20+02:00",
+                "attempt": 1,
+                "data": {"world_size": 2},
+            },
             {"id": "b", "job": "j1", "kind": "ready", "ts": "2026-09-21T12:13:30.5Z", "attempt": 1},
         ]
     )
@@ -155,7 +161,11 @@ def test_nan_loss_is_kept_as_a_signal(ingest, personas):
         ' "data": {"step": 1, "loss": NaN}}, {"id": "b", "job": "j1", "kind": "step",'
         ' "ts": 1790000002, "attempt": 1, "data": {"step": 2, "loss": "Infinity"}}]}'
     )
-    r = personas["ingest"].client().post("/api/v1/ingest", data=body, content_type="application/json")
+    r = (
+        personas["ingest"]
+        .client()
+        .post("/api/v1/ingest", data=body, content_type="application/json")
+    )
     assert r.status_code == 202, r.content
     losses = dict(StepRecord.objects.values_list("step", "loss"))
     assert math.isnan(losses[1]) and losses[2] == math.inf
@@ -164,8 +174,15 @@ def test_nan_loss_is_kept_as_a_signal(ingest, personas):
 
 def test_gzip_bodies_are_accepted(personas):
     body = gzip.compress(json.dumps({"events": launch()}).encode())
-    r = personas["ingest"].client().post(
-        "/api/v1/ingest", data=body, content_type="application/json", HTTP_CONTENT_ENCODING="gzip"
+    r = (
+        personas["ingest"]
+        .client()
+        .post(
+            "/api/v1/ingest",
+            data=body,
+            content_type="application/json",
+            HTTP_CONTENT_ENCODING="gzip",
+        )
     )
     assert r.status_code == 202
     assert r.json()["accepted"] == 8
@@ -208,26 +225,98 @@ BAD_EVENTS = [
     ({"id": "a", "job": "j1", "kind": "ready", "ts": T0, "attempt": 1, "node": 7}, "node"),
     ({"id": "a", "job": "j1", "kind": "ready", "ts": T0, "attempt": 1, "data": []}, "data"),
     ({"id": "a", "job": "j1", "kind": "ready", "ts": T0, "attempt": 1, "colour": "red"}, "colour"),
-    ({"id": "a", "job": "j1", "kind": "attempt_started", "ts": T0, "attempt": 1}, "data.world_size"),
-    ({"id": "a", "job": "j1", "kind": "attempt_started", "ts": T0, "attempt": 1,
-      "data": {"world_size": 0}}, "data.world_size"),
-    ({"id": "a", "job": "j1", "kind": "attempt_started", "ts": T0, "attempt": 1,
-      "data": {"world_size": 2, "nodes": "n0"}}, "data.nodes"),
+    (
+        {"id": "a", "job": "j1", "kind": "attempt_started", "ts": T0, "attempt": 1},
+        "data.world_size",
+    ),
+    (
+        {
+            "id": "a",
+            "job": "j1",
+            "kind": "attempt_started",
+            "ts": T0,
+            "attempt": 1,
+            "data": {"world_size": 0},
+        },
+        "data.world_size",
+    ),
+    (
+        {
+            "id": "a",
+            "job": "j1",
+            "kind": "attempt_started",
+            "ts": T0,
+            "attempt": 1,
+            "data": {"world_size": 2, "nodes": "n0"},
+        },
+        "data.nodes",
+    ),
     ({"id": "a", "job": "j1", "kind": "step", "ts": T0, "attempt": 1, "data": {}}, "data.step"),
-    ({"id": "a", "job": "j1", "kind": "step", "ts": T0, "attempt": 1,
-      "data": {"step": 1.5}}, "data.step"),
-    ({"id": "a", "job": "j1", "kind": "step", "ts": T0, "attempt": 1,
-      "data": {"step": 1, "loss": "high"}}, "data.loss"),
-    ({"id": "a", "job": "j1", "kind": "checkpoint_saved", "ts": T0, "attempt": 1,
-      "data": {"step": 1, "blocking_s": -1}}, "data.blocking_s"),
-    ({"id": "a", "job": "j1", "kind": "rank_window", "ts": T0, "attempt": 1, "rank": 0,
-      "data": {"first_step": 5, "last_step": 4, "compute_s": 1, "step_s": 1}}, "data.last_step"),
-    ({"id": "a", "job": "j1", "kind": "rank_window", "ts": T0, "attempt": 1,
-      "data": {"first_step": 1, "last_step": 4, "compute_s": 1, "step_s": 1}}, "rank"),
+    (
+        {"id": "a", "job": "j1", "kind": "step", "ts": T0, "attempt": 1, "data": {"step": 1.5}},
+        "data.step",
+    ),
+    (
+        {
+            "id": "a",
+            "job": "j1",
+            "kind": "step",
+            "ts": T0,
+            "attempt": 1,
+            "data": {"step": 1, "loss": "high"},
+        },
+        "data.loss",
+    ),
+    (
+        {
+            "id": "a",
+            "job": "j1",
+            "kind": "checkpoint_saved",
+            "ts": T0,
+            "attempt": 1,
+            "data": {"step": 1, "blocking_s": -1},
+        },
+        "data.blocking_s",
+    ),
+    (
+        {
+            "id": "a",
+            "job": "j1",
+            "kind": "rank_window",
+            "ts": T0,
+            "attempt": 1,
+            "rank": 0,
+            "data": {"first_step": 5, "last_step": 4, "compute_s": 1, "step_s": 1},
+        },
+        "data.last_step",
+    ),
+    (
+        {
+            "id": "a",
+            "job": "j1",
+            "kind": "rank_window",
+            "ts": T0,
+            "attempt": 1,
+            "data": {"first_step": 1, "last_step": 4, "compute_s": 1, "step_s": 1},
+        },
+        "rank",
+    ),
     ({"id": "a", "job": "j1", "kind": "heartbeat", "ts": T0}, "node"),
-    ({"id": "a", "job": "j1", "kind": "fault", "ts": T0, "data": {"type": "gremlins"}}, "data.type"),
-    ({"id": "a", "job": "j1", "kind": "attempt_ended", "ts": T0, "attempt": 1,
-      "data": {"reason": "bored"}}, "data.reason"),
+    (
+        {"id": "a", "job": "j1", "kind": "fault", "ts": T0, "data": {"type": "gremlins"}},
+        "data.type",
+    ),
+    (
+        {
+            "id": "a",
+            "job": "j1",
+            "kind": "attempt_ended",
+            "ts": T0,
+            "attempt": 1,
+            "data": {"reason": "bored"},
+        },
+        "data.reason",
+    ),
     ("not an object", ""),
 ]
 
@@ -240,7 +329,9 @@ def test_a_bad_event_rejects_the_batch_naming_index_and_field(ingest, bad, field
     body = r.json()
     assert body["error"] == "invalid_events"
     assert "nothing was stored" in body["detail"]
-    assert any(e["index"] == 2 and e["field"] == field and e["reason"] for e in body["errors"]), body
+    assert any(e["index"] == 2 and e["field"] == field and e["reason"] for e in body["errors"]), (
+        body
+    )
     assert stored_counts() == (0, 0, 0, 0, 0, 0)
 
 
@@ -268,7 +359,11 @@ def test_every_bad_event_is_named(ingest):
     ],
 )
 def test_a_malformed_body_is_a_400(personas, body, field):
-    r = personas["ingest"].client().post("/api/v1/ingest", data=body, content_type="application/json")
+    r = (
+        personas["ingest"]
+        .client()
+        .post("/api/v1/ingest", data=body, content_type="application/json")
+    )
     assert r.status_code == 400
     assert r.json()["errors"][0]["field"] == field
     assert Event.objects.count() == 0
@@ -294,7 +389,11 @@ def test_a_body_over_5_mib_is_a_413(personas):
     events = [ev(i, "ready", 0, message=pad) for i in range(1400)]
     body = json.dumps({"events": events})
     assert len(body) > 5 * 1024 * 1024
-    r = personas["ingest"].client().post("/api/v1/ingest", data=body, content_type="application/json")
+    r = (
+        personas["ingest"]
+        .client()
+        .post("/api/v1/ingest", data=body, content_type="application/json")
+    )
     assert r.status_code == 413
     assert r.json()["error"] == "too_large"
     assert Event.objects.count() == 0
@@ -302,8 +401,15 @@ def test_a_body_over_5_mib_is_a_413(personas):
 
 def test_a_gzip_bomb_is_a_413(personas):
     body = gzip.compress(b'{"events": [' + b" " * (6 * 1024 * 1024) + b"]}")
-    r = personas["ingest"].client().post(
-        "/api/v1/ingest", data=body, content_type="application/json", HTTP_CONTENT_ENCODING="gzip"
+    r = (
+        personas["ingest"]
+        .client()
+        .post(
+            "/api/v1/ingest",
+            data=body,
+            content_type="application/json",
+            HTTP_CONTENT_ENCODING="gzip",
+        )
     )
     assert r.status_code == 413
 

@@ -23,7 +23,14 @@ CATEGORIES = {
 
 
 def ev(i, kind, ts, job="j1", attempt=1, **data):
-    return {"id": f"{job}-{i}", "job": job, "kind": kind, "ts": T0 + ts, "attempt": attempt, "data": data}
+    return {
+        "id": f"{job}-{i}",
+        "job": job,
+        "kind": kind,
+        "ts": T0 + ts,
+        "attempt": attempt,
+        "data": data,
+    }
 
 
 def two_launches(job="j1"):
@@ -73,7 +80,14 @@ def test_job_goodput(personas, job):
     assert r.status_code == 200
     body = r.json()
     assert set(body) == {
-        "job", "elapsed_s", "categories", "gpu_seconds", "goodput", "gpu_goodput", "slowdown_s", "as_of",
+        "job",
+        "elapsed_s",
+        "categories",
+        "gpu_seconds",
+        "goodput",
+        "gpu_goodput",
+        "slowdown_s",
+        "as_of",
     }
     assert set(body["categories"]) == CATEGORIES == set(body["gpu_seconds"])
     c = body["categories"]
@@ -170,8 +184,13 @@ def test_job_list_filters_and_query_count(personas, ingest):
 @pytest.mark.parametrize("persona", ["viewer", "operator", "admin"])
 @pytest.mark.parametrize(
     "path",
-    ["/api/v1/jobs/", "/api/v1/jobs/j1/", "/api/v1/jobs/j1/goodput", "/api/v1/jobs/j1/attempts",
-     "/api/v1/jobs/j1/checkpoints"],
+    [
+        "/api/v1/jobs/",
+        "/api/v1/jobs/j1/",
+        "/api/v1/jobs/j1/goodput",
+        "/api/v1/jobs/j1/attempts",
+        "/api/v1/jobs/j1/checkpoints",
+    ],
 )
 def test_roles_may_read(personas, job, persona, path):
     assert personas[persona].client().get(path).status_code == 200
@@ -179,8 +198,13 @@ def test_roles_may_read(personas, job, persona, path):
 
 @pytest.mark.parametrize(
     "path",
-    ["/api/v1/jobs/", "/api/v1/jobs/j1/", "/api/v1/jobs/j1/goodput", "/api/v1/jobs/j1/attempts",
-     "/api/v1/jobs/j1/checkpoints"],
+    [
+        "/api/v1/jobs/",
+        "/api/v1/jobs/j1/",
+        "/api/v1/jobs/j1/goodput",
+        "/api/v1/jobs/j1/attempts",
+        "/api/v1/jobs/j1/checkpoints",
+    ],
 )
 def test_ingest_tokens_outsiders_and_strangers_may_not_read(personas, job, path):
     assert personas["ingest"].client().get(path).status_code == 403

@@ -21,8 +21,14 @@ T0 = 1_790_000_000.0
 
 def events(job="j1"):
     return [
-        {"id": "a", "job": job, "kind": "attempt_started", "ts": T0, "attempt": 1,
-         "data": {"world_size": 2}},
+        {
+            "id": "a",
+            "job": job,
+            "kind": "attempt_started",
+            "ts": T0,
+            "attempt": 1,
+            "data": {"world_size": 2},
+        },
         {"id": "b", "job": job, "kind": "ready", "ts": T0 + 5, "attempt": 1},
         {"id": "c", "job": job, "kind": "step", "ts": T0 + 6, "attempt": 1, "data": {"step": 1}},
     ]
@@ -51,7 +57,8 @@ def _database_url() -> str:
     s = connection.settings_dict
     if connection.vendor == "sqlite":
         return f"sqlite:///{s['NAME']}"
-    return f"postgres://{s['USER'] or 'postgres'}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+    user, host, port = s["USER"] or "postgres", s["HOST"] or "127.0.0.1", s["PORT"] or 5432
+    return f"postgres://{user}@{host}:{port}/{s['NAME']}"
 
 
 @pytest.mark.django_db(transaction=True)
@@ -67,9 +74,27 @@ def test_a_real_worker_refreshes_the_ledger_after_ingest(ingest, monkeypatch, tm
     app.conf.task_default_queue = queue
     env = {**os.environ, "DATABASE_URL": _database_url(), "REBOUND_CELERY_QUEUE": queue}
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool", "solo",
-         "--without-gossip", "--without-mingle", "--loglevel", "INFO", "-Q", queue],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "console",
+            "worker",
+            "--pool",
+            "solo",
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            "INFO",
+            "-Q",
+            queue,
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         assert ingest(events()).status_code == 202

@@ -9,7 +9,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--scope", required=True, choices=ApiToken.Scope.values)
-        parser.add_argument("--cluster", help="the cluster an ingest token posts for (created if missing)")
+        parser.add_argument(
+            "--cluster", help="the cluster an ingest token posts for (created if missing)"
+        )
         parser.add_argument("--user", help="the existing user the token acts as")
         parser.add_argument("--name", default="", help="a label to tell tokens apart")
 
