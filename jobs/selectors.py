@@ -1,5 +1,6 @@
 """Reads of the jobs app: jobs with their summary, and the cached ledger."""
 
+from django.db import IntegrityError, transaction
 from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
 
 from jobs.accounting import Ledger, job_ledger
@@ -53,9 +54,13 @@ def job_goodput(*, job: TrainingJob, start: float | None = None, end: float | No
     if snapshot is not None and snapshot.revision == job.revision:
         return snapshot.figures
     figures = job_ledger(job).as_dict()
-    LedgerSnapshot.objects.update_or_create(
-        job=job, defaults={"revision": job.revision, "figures": figures}
-    )
+    try:
+        with transaction.atomic():
+            LedgerSnapshot.objects.update_or_create(
+                job=job, defaults={"revision": job.revision, "figures": figures}
+            )
+    except IntegrityError:
+        pass  # a concurrent reader stored the same figures first
     return figures
 
 
