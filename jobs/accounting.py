@@ -23,7 +23,6 @@ the millions, are handled as numpy arrays.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -277,8 +276,13 @@ def _paint(intervals: list[tuple[float, float, int]], lo: float, hi: float) -> d
     return out
 
 
-def _launch_intervals(launch: Launch, stop: float, step_ts: np.ndarray):
-    """Painted intervals of one launch, the training start and the merged save blocking."""
+def _launch_intervals(launch: Launch, stop: float, step_ts: np.ndarray, running: bool):
+    """Painted intervals of one launch, the training start and the merged save blocking.
+
+    A restore or a save that never finished counts as such only while the
+    launch still runs (it is in flight); in a launch that ended, that time is
+    a hang like any other: the stalled tail.
+    """
     s = launch.start
     first_step = float(step_ts[0]) if len(step_ts) else None
     save_starts = [v["started"] for v in launch.saves.values() if v.get("started") is not None]
@@ -296,9 +300,12 @@ def _launch_intervals(launch: Launch, stop: float, step_ts: np.ndarray):
     restore_start = launch.load_started if launch.load_started is not None else launch.ready
     if launch.loaded is not None and restore_start is not None:
         intervals.append((restore_start, launch.loaded, _RESTORE))
-    elif launch.load_started is not None:  # never finished: until training resumed or the end
-        later = step_ts[step_ts > launch.load_started]
-        intervals.append((launch.load_started, float(later[0]) if len(later) else stop, _RESTORE))
+    elif (
+        launch.load_started is not None
+        and running
+        and not len(step_ts[step_ts > launch.load_started])
+    ):
+        intervals.append((launch.load_started, stop, _RESTORE))
 
     blocking = []
     for v in launch.saves.values():
@@ -309,9 +316,12 @@ def _launch_intervals(launch: Launch, stop: float, step_ts: np.ndarray):
             blocking.append((saved - b, saved))
         elif started is not None and saved is not None:
             blocking.append((started, saved))
-        elif started is not None:  # a save that never finished blocked until steps resumed
+        elif started is not None:  # never finished: blocked until steps resumed, or in flight
             later = step_ts[step_ts > started]
-            blocking.append((started, float(later[0]) if len(later) else stop))
+            if len(later):
+                blocking.append((started, float(later[0])))
+            elif running:
+                blocking.append((started, stop))
     blocking = [(max(a, s), min(b, stop)) for a, b in _merge(blocking) if min(b, stop) > max(a, s)]
 
     last = float(step_ts[-1]) if len(step_ts) else train_start
@@ -391,7 +401,10 @@ def compute_ledger(
         i1 = int(np.searchsorted(attempt_sorted, launch.number, side="right"))
         idx = by_launch[i0:i1]
         raw_ts = st.ts[idx]
-        intervals, train_start, blocking = _launch_intervals(launch, stop, np.clip(raw_ts, launch.start, stop))
+        running = launch.end is None and nxt is None and finished is None
+        intervals, train_start, blocking = _launch_intervals(
+            launch, stop, np.clip(raw_ts, launch.start, stop), running
+        )
         ts_c = np.clip(raw_ts, train_start, stop)
         prev = np.empty_like(ts_c)
         if len(ts_c):

@@ -6,6 +6,7 @@ the design contract (../shared/design.md, "Goodput accounting"). Times are
 seconds after T0; numbers are chosen so that every sum is exact in binary.
 """
 
+import itertools
 import math
 
 import numpy as np
@@ -96,9 +97,7 @@ def assert_partition(led):
     """The categories sum to the elapsed time; the GPU-seconds are non-negative."""
     assert set(led.categories) == set(CATEGORIES)
     assert set(led.gpu_seconds) == set(CATEGORIES)
-    assert math.fsum(led.categories.values()) == pytest.approx(
-        led.elapsed_s, rel=1e-9, abs=1e-12
-    )
+    assert math.fsum(led.categories.values()) == pytest.approx(led.elapsed_s, rel=1e-9, abs=1e-12)
     for name in CATEGORIES:
         assert led.categories[name] >= -1e-9, name
         assert led.gpu_seconds[name] >= -1e-9, name
@@ -559,32 +558,99 @@ def test_the_tail_of_a_launch(reason, tail, after):
     assert_ledger(ledger(events), 12, expected, world_size=1)
 
 
-def test_a_launch_that_never_trained_and_one_stuck_in_restore():
-    """1 GPU.
+def test_a_launch_that_never_trained_is_stalled_from_its_ready():
+    """1 GPU; start 0, ready 3, failed at 8 with no step; a restart at 10 that completes.
 
-    Launch 1: start 0, ready 3, failed at 8 with no step: stalled from the
-    training start (ready 3) to 8.
-    Launch 2: start 10, ready 12, load started 13, never loaded, killed at 20:
-    stalled from the training start (ready 12: nothing was loaded) to 13, then
-    restore 13 -> 20 (a restore that never finished lasts until a step or the end).
+    Launch 2: start 10, ready 11, steps 1, 2 at 12, 13, completed 13; job_finished 13.
     """
     events = [
         started(0),
         ev("ready", 3),
         ended(8, 1, "failed"),
         started(10, 2),
-        ev("ready", 12, 2),
-        ev("checkpoint_load_started", 13, 2, step=0),
-        ended(20, 2, "killed"),
-        ev("job_finished", 20, 2),
+        ev("ready", 11, 2),
+        *steps(2, 1, [12, 13]),
+        ended(13, 2),
+        ev("job_finished", 13, 2),
     ]
     expected = {
-        "startup": 3 + 2,  # 0 -> 3, 10 -> 12
-        "stalled": 5 + 1,  # 3 -> 8, 12 -> 13
+        "startup": 3 + 1,  # 0 -> 3, 10 -> 11
+        "stalled": 5,  # no step: from the training start (ready 3) to the end (8)
         "downtime": 2,  # 8 -> 10
-        "checkpoint_restore": 7,  # 13 -> 20
+        "productive": 2,  # 11 -> 13
     }
-    assert_ledger(ledger(events), 20, expected, world_size=1)
+    assert_ledger(ledger(events), 13, expected, world_size=1)
+
+
+# A save or a restore that never finished fits none of the contract's forms;
+# in a launch that ended, that time is a hang (stalled); while the launch
+# still runs, it is the save or restore in flight.
+
+
+def test_a_hang_inside_a_save_that_never_became_durable_is_stalled():
+    """1 GPU; start 0, ready 1, steps 1..4 at 2..5, a save of step 4 started at 5
+    that never finishes; killed at 605; job_finished 605.
+    """
+    events = [
+        started(0),
+        ev("ready", 1),
+        *steps(1, 1, [2, 3, 4, 5]),
+        ev("checkpoint_save_started", 5, step=4),
+        fault(605, "hang"),
+        ended(605, 1, "killed"),
+        ev("job_finished", 605),
+    ]
+    # startup 0 -> 1, steps 1 -> 5, stalled 5 -> 605: no save blocking is
+    # defined for a save with only a start
+    expected = {"startup": 1, "productive": 4, "stalled": 600}
+    assert_ledger(ledger(events), 605, expected, world_size=1)
+
+
+def test_a_hang_while_restoring_is_stalled():
+    """1 GPU; start 0, ready 2, checkpoint_load_started 3, never loaded, killed at 303.
+
+    job_finished 303.
+    """
+    events = [
+        started(0),
+        ev("ready", 2),
+        ev("checkpoint_load_started", 3, step=100),
+        fault(303, "hang"),
+        ended(303, 1, "killed"),
+        ev("job_finished", 303),
+    ]
+    # startup 0 -> 2; no step and nothing loaded, so the training start is
+    # ready (2) and the launch is stalled 2 -> 303
+    expected = {"startup": 2, "stalled": 301}
+    assert_ledger(ledger(events), 303, expected, world_size=1)
+
+
+def test_a_save_in_flight_in_a_running_job_is_checkpoint_save():
+    """1 GPU; start 0, ready 1, steps 1..4 at 2..5, a save of step 4 started at 5,
+    a heartbeat at 9: the job runs, the save is in flight."""
+    events = [
+        started(0),
+        ev("ready", 1),
+        *steps(1, 1, [2, 3, 4, 5]),
+        ev("checkpoint_save_started", 5, step=4),
+        heartbeat(9),
+    ]
+    expected = {"startup": 1, "productive": 4, "checkpoint_save": 4}
+    assert_ledger(ledger(events), 9, expected, world_size=1)
+
+
+def test_a_restore_in_flight_in_a_running_job_is_checkpoint_restore():
+    """1 GPU; start 0, ready 2, checkpoint_load_started 3, a heartbeat at 10."""
+    events = [
+        started(0),
+        ev("ready", 2),
+        ev("checkpoint_load_started", 3, step=100),
+        heartbeat(10),
+    ]
+    # startup 0 -> 2; training starts at ready (nothing loaded yet), so 2 -> 3
+    # is the open tail (stalled); restore 3 -> 10
+    expected = {"startup": 2, "stalled": 1, "checkpoint_restore": 7}
+    assert_ledger(ledger(events), 10, expected, world_size=1)
 
 
 # --- windows --------------------------------------------------------------------
@@ -630,7 +696,7 @@ def test_window_over_the_whole_job_is_the_cumulative_ledger():
 def test_windows_that_tile_the_job_add_up_to_the_cumulative_ledger(cuts):
     events = crash_and_restart()
     whole = ledger(events)
-    parts = [ledger(events, start=a, end=b) for a, b in zip(cuts, cuts[1:], strict=False)]
+    parts = [ledger(events, start=a, end=b) for a, b in itertools.pairwise(cuts)]
     for part in parts:
         assert_partition(part)
     cats, gpu = add(*parts)
