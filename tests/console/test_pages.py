@@ -50,3 +50,13 @@ def test_pages_load_no_third_party_assets(client, personas, demo):
     client.force_login(personas["viewer"].user)
     html = client.get("/jobs/demo-llm/").content.decode()
     assert "http://" not in html.replace("http://www.w3.org", "") and "https://" not in html
+
+
+def test_admin_lists_jobs_and_tokens(client, personas, demo):
+    personas["admin"].user.is_staff = personas["admin"].user.is_superuser = True
+    personas["admin"].user.save()
+    client.force_login(personas["admin"].user)
+    assert b"demo-llm" in client.get("/admin/jobs/trainingjob/").content
+    page = client.get("/admin/console/apitoken/").content.decode()
+    assert "rbd_" in page  # the hints
+    assert client.get("/admin/console/apitoken/add/").status_code == 403
