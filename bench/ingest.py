@@ -1,19 +1,27 @@
 """Ingest throughput: events/s through the real API, against COPY writing the same rows.
 
     .venv/bin/python bench/ingest.py [--events-per-batch 1000] [--batches 400]
-        [--clients 4] [--workers 2] [--database-url postgres://...]
+        [--clients 4] [--workers 2] [--max-seconds 45] [--database-url postgres://...]
 
-1. Migrates `rebound_bench`, issues an ingest token for cluster `bench`.
-2. Starts gunicorn (`console.wsgi`, sync workers) on a free port of 127.0.0.1.
+1. Migrates `rebound_bench` (creating it if needed), issues an ingest token for
+   cluster `bench`.
+2. Starts gunicorn (`console.wsgi`, sync workers, bench/gunicorn_conf.py) on a
+   free port of 127.0.0.1, with a var/ of its own in a temporary folder.
 3. Generates each job's stream as a training job reports it (steps from rank 0,
    a rank_window per rank every 10 steps, heartbeats per node, a checkpoint
-   every 100 steps), cut into batches, and posts them from client threads,
-   each for its own jobs; every answer must be 202 with all events accepted.
-   The first batches of each client are a warm-up, outside the timing.
-4. Writes the same event rows (fresh jobs) into `jobs_event` with COPY, 1,000
-   rows a transaction on one connection: the best the database can do.
-5. Prints both rates, their ratio and the targets, stops the server and
-   deletes the rows of this run.
+   every 100 steps), cut into batches, and posts them from client threads, each
+   with a requests.Session for its own jobs (gunicorn's sync workers close the
+   connection after each answer, so sessions reconnect); every answer must be
+   202 with the whole batch accepted. Each client's first batches are a warm-up,
+   outside the timing; posting stops at --max-seconds, so a run stays short.
+4. Prints where the CPU went while timed: the gunicorn workers, their
+   PostgreSQL backends, this client, and anything else on the machine (other
+   people's work makes the rate lower; the per-event CPU figures stay put).
+5. Writes the same event rows (for fresh jobs) into `jobs_event` with binary
+   COPY, 1,000 rows a transaction on one connection: the best the database
+   can do for the raw events alone.
+6. Prints both rates, their ratio and the targets, stops the server, deletes
+   the rows and the token of this run. Exit status 0 when both targets pass.
 
 Everything it talks to is on 127.0.0.1.
 """
@@ -22,11 +30,13 @@ import argparse
 import math
 import os
 import random
+import shutil
 import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -35,6 +45,7 @@ from datetime import UTC, datetime
 import orjson
 import requests
 from common import DEFAULT_DATABASE_URL, ROOT, pg_connect, setup_django, verdict
+from psycopg.types.json import set_json_dumps
 
 TARGET_EVENTS_PER_S = 20_000
 TARGET_RATIO = 0.3
@@ -44,6 +55,17 @@ WINDOW_STEPS = 10
 HEARTBEAT_EVERY_STEPS = 20
 CHECKPOINT_EVERY_STEPS = 100
 EVENT_COLUMNS = "job_id, client_id, kind, ts, attempt, node, rank, data, received_at"
+EVENT_TYPES = [
+    "int8",
+    "varchar",
+    "varchar",
+    "float8",
+    "int4",
+    "varchar",
+    "int4",
+    "jsonb",
+    "timestamptz",
+]
 
 
 # --- the events ----------------------------------------------------------------
@@ -172,8 +194,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(url: str, workers: int, port: int) -> subprocess.Popen:
-    env = dict(os.environ, DATABASE_URL=url, DJANGO_SETTINGS_MODULE="console.settings")
+def start_server(url: str, workers: int, port: int, var_dir: str) -> subprocess.Popen:
+    # Its own var/ (Celery's filesystem broker, the file cache): the ledger refreshes it
+    # queues go nowhere a real worker could pick them up, and vanish with the run.
+    env = dict(
+        os.environ,
+        DATABASE_URL=url,
+        DJANGO_SETTINGS_MODULE="console.settings",
+        REBOUND_VAR_DIR=var_dir,
+    )
     cmd = [
         sys.executable,
         "-m",
@@ -197,9 +226,9 @@ def wait_ready(server: subprocess.Popen, base: str, timeout: float = 30.0) -> No
         if server.poll() is not None:
             sys.exit(f"gunicorn exited with {server.returncode}")
         try:
-            session.get(base + "/admin/login/", timeout=2)
+            session.get(base + "/admin/login/", timeout=5)
             return
-        except requests.ConnectionError:
+        except requests.RequestException:
             time.sleep(0.2)
     sys.exit("gunicorn did not answer within 30 s")
 
@@ -219,13 +248,18 @@ def stop_server(server: subprocess.Popen) -> None:
 
 
 class Client(threading.Thread):
-    def __init__(self, url, token, warmup, timed, barrier):
+    """Posts its warm-up batches, waits for the others, then its timed batches until the
+    deadline; every answer must accept the whole batch."""
+
+    def __init__(self, url, token, warmup, timed, ready, go):
         super().__init__(daemon=True)
         self.url = url
         self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-        self.warmup = warmup  # [(body, n_events)]
+        self.warmup = warmup  # [(body, events)]
         self.timed = timed
-        self.barrier = barrier
+        self.ready, self.go = ready, go
+        self.deadline = math.inf
+        self.posted = 0  # timed batches posted
         self.latencies: list[float] = []
         self.error: str | None = None
 
@@ -241,21 +275,25 @@ class Client(threading.Thread):
         session = requests.Session()
         session.trust_env = False  # no proxy: straight to 127.0.0.1
         try:
-            for body, n in self.warmup:
-                self._post(session, body, n)
+            for body, events in self.warmup:
+                self._post(session, body, len(events))
         except Exception as exc:
             self.error = f"warm-up: {exc}"
-            self.barrier.abort()
+            self.ready.abort()
             return
         try:
-            self.barrier.wait()
+            self.ready.wait()
+            self.go.wait()
         except threading.BrokenBarrierError:
             return
         try:
-            for body, n in self.timed:
+            for body, events in self.timed:
+                if time.perf_counter() > self.deadline:
+                    break
                 t = time.perf_counter()
-                self._post(session, body, n)
+                self._post(session, body, len(events))
                 self.latencies.append(time.perf_counter() - t)
+                self.posted += 1
         except Exception as exc:
             self.error = str(exc)
 
@@ -264,12 +302,19 @@ class Client(threading.Thread):
 
 
 def copy_rows(url: str, rows: list[tuple], chunk: int) -> float:
-    """Seconds to COPY `rows` into jobs_event, `chunk` rows per transaction."""
+    """Seconds to COPY `rows` into jobs_event, `chunk` rows per transaction.
+
+    Binary COPY with the column types given up front, JSON written by orjson:
+    the fastest way psycopg has to put these rows in the table.
+    """
     with pg_connect(url) as conn:
+        set_json_dumps(orjson.dumps, context=conn)
         cur = conn.cursor()
+        sql = f"COPY jobs_event ({EVENT_COLUMNS}) FROM STDIN (FORMAT BINARY)"
         t0 = time.perf_counter()
         for i in range(0, len(rows), chunk):
-            with conn.transaction(), cur.copy(f"COPY jobs_event ({EVENT_COLUMNS}) FROM STDIN") as cp:
+            with conn.transaction(), cur.copy(sql) as cp:
+                cp.set_types(EVENT_TYPES)
                 for row in rows[i : i + chunk]:
                     cp.write_row(row)
         return time.perf_counter() - t0
@@ -277,7 +322,6 @@ def copy_rows(url: str, rows: list[tuple], chunk: int) -> float:
 
 def event_rows(events: list[dict], job_ids: dict[str, int], now: datetime) -> list[tuple]:
     """The rows ingest stores for these events, with the jobs renamed through `job_ids`."""
-    dumps = orjson.dumps
     return [
         (
             job_ids[e["job"]],
@@ -287,11 +331,85 @@ def event_rows(events: list[dict], job_ids: dict[str, int], now: datetime) -> li
             e.get("attempt"),
             e.get("node") or "",
             e.get("rank"),
-            dumps(e["data"]).decode(),
+            e["data"],
             now,
         )
         for e in events
     ]
+
+
+# --- where the CPU went ------------------------------------------------------------
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of a process (0 when it is gone or not ours to read)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def machine_busy() -> float:
+    """CPU seconds the whole machine has spent busy (all cores), from /proc/stat."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = map(
+            int, f.readline().split()[1:9]
+        )
+    return (user + nice + system + irq + softirq + steal) / CLOCK_TICKS
+
+
+class CpuMeter:
+    """CPU used by the server's workers, their PostgreSQL backends, this process, the rest."""
+
+    def __init__(self, url: str, server_pid: int):
+        self.workers = children(server_pid)
+        with pg_connect(url, autocommit=True) as conn:
+            self.backends = [
+                pid
+                for (pid,) in conn.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+                )
+            ]
+
+    def sample(self) -> dict[str, float]:
+        return {
+            "workers": sum(map(process_cpu, self.workers)),
+            "postgres": sum(map(process_cpu, self.backends)),
+            "client": time.process_time(),
+            "machine": machine_busy(),
+        }
+
+    @staticmethod
+    def report(a: dict, b: dict, seconds: float, n_events: int) -> str:
+        d = {k: b[k] - a[k] for k in a}
+        rest = max(0.0, d["machine"] - d["workers"] - d["postgres"] - d["client"])
+        cores = os.cpu_count() or 1
+        per = 1000 * 1000 / n_events  # ms per 1,000 events
+        return (
+            f"CPU while timed ({cores} cores x {seconds:.1f} s = {cores * seconds:.1f} core-s):"
+            f" gunicorn workers {d['workers']:.1f} s, their postgres {d['postgres']:.1f} s,"
+            f" this client {d['client']:.1f} s, anything else on the machine {rest:.1f} s\n"
+            f"      per 1,000 events: workers {d['workers'] * per:.0f} ms,"
+            f" postgres {d['postgres'] * per:.0f} ms, client {d['client'] * per:.0f} ms"
+        )
 
 
 # --- main ------------------------------------------------------------------------
@@ -305,16 +423,23 @@ def main() -> int:
     p.add_argument("--jobs-per-client", type=int, default=2)
     p.add_argument("--warmup", type=int, default=2, help="untimed batches per client")
     p.add_argument("--workers", type=int, default=2, help="gunicorn sync workers")
-    p.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL") or DEFAULT_DATABASE_URL)
+    p.add_argument(
+        "--database-url", default=os.environ.get("BENCH_DATABASE_URL") or DEFAULT_DATABASE_URL
+    )
+    p.add_argument(
+        "--max-seconds", type=float, default=45, help="stop posting timed batches after this"
+    )
     p.add_argument("--keep", action="store_true", help="keep this run's rows")
     args = p.parse_args()
     size = args.events_per_batch
 
     setup_django(args.database_url)
+    from django.db import connection
+
     from console.services import token_issue
     from jobs.models import TrainingJob
 
-    _, token = token_issue(scope="ingest", cluster_name="bench", name="bench-ingest")
+    api_token, token = token_issue(scope="ingest", cluster_name="bench", name="bench-ingest")
     run = uuid.uuid4().hex[:8]
     prefix = f"bench-{run}-"
 
@@ -323,89 +448,106 @@ def main() -> int:
     per_job = math.ceil(args.batches / n_jobs)
     t = time.perf_counter()
     plans = []
-    timed_events: list[dict] = []
     for c in range(args.clients):
         streams = [
-            JobStream(f"{prefix}{c * args.jobs_per_client + j:02d}", f"gpu-{c}{j}", seed=c * 100 + j)
+            JobStream(
+                f"{prefix}{c * args.jobs_per_client + j:02d}", f"gpu-{c}{j}", seed=100 * c + j
+            )
             for j in range(args.jobs_per_client)
         ]
         per_client = [[] for _ in range(2)]  # warm-up, timed
         for phase, count in ((0, args.warmup), (1, per_job * len(streams))):
             for i in range(count):
                 batch = streams[i % len(streams)].batch(size)
-                if phase:
-                    timed_events.extend(batch)
-                per_client[phase].append((orjson.dumps({"events": batch}), len(batch)))
+                per_client[phase].append((orjson.dumps({"events": batch}), batch))
         plans.append(per_client)
-    n_timed = sum(len(pc[1]) for pc in plans)
     print(
-        f"generated {n_timed} timed batches of {size} events ({n_jobs} jobs, {RANKS} ranks each)"
-        f" + {args.warmup * args.clients} warm-up batches in {time.perf_counter() - t:.1f} s"
+        f"generated {sum(len(pc[1]) for pc in plans)} timed batches of {size} events"
+        f" ({n_jobs} jobs, {RANKS} ranks each) + {args.warmup * args.clients} warm-up batches"
+        f" in {time.perf_counter() - t:.1f} s"
     )
-    kinds: dict[str, int] = {}
-    for e in timed_events:
-        kinds[e["kind"]] = kinds.get(e["kind"], 0) + 1
-    print("mix: " + ", ".join(f"{k} {v / len(timed_events):.1%}" for k, v in sorted(kinds.items())))
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    server = start_server(args.database_url, args.workers, port)
+    var_dir = tempfile.mkdtemp(prefix="rebound-bench-")
+    connection.close()  # this process's own connection stays out of the CPU figures
+    server = start_server(args.database_url, args.workers, port, var_dir)
+    clients: list[Client] = []
     try:
-        wait_ready(server, base)
-        barrier = threading.Barrier(args.clients + 1)
-        clients = [
-            Client(base + "/api/v1/ingest", token, warm, timed, barrier) for warm, timed in plans
-        ]
-        for c in clients:
-            c.start()
         try:
-            barrier.wait(timeout=60)
+            wait_ready(server, base)
+            ready = threading.Barrier(args.clients + 1)
+            go = threading.Barrier(args.clients + 1)
+            clients = [
+                Client(base + "/api/v1/ingest", token, warm, timed, ready, go)
+                for warm, timed in plans
+            ]
+            for c in clients:
+                c.start()
+            ready.wait(timeout=90)  # every client has had its warm-up answered
+            meter = CpuMeter(args.database_url, server.pid)
+            cpu0 = meter.sample()
+            t0 = time.perf_counter()
+            for c in clients:
+                c.deadline = t0 + args.max_seconds
+            go.wait(timeout=10)
+            for c in clients:
+                c.join(timeout=args.max_seconds + 60)
+            api_s = time.perf_counter() - t0
+            cpu1 = meter.sample()
         except threading.BrokenBarrierError:
-            pass
-        t0 = time.perf_counter()
-        for c in clients:
-            c.join(timeout=120)
-        api_s = time.perf_counter() - t0
+            broken = "the clients' warm-up did not finish in time"
+        else:
+            broken = None
+        finally:
+            stop_server(server)
+            shutil.rmtree(var_dir, ignore_errors=True)
+        errors = [c.error for c in clients if c.error] + [
+            "a client did not finish" for c in clients if c.is_alive()
+        ]
+        if errors or broken:
+            print("FAILED: " + "; ".join(errors or [broken]))
+            return 1
+        timed_events = [e for c in clients for _, batch in c.timed[: c.posted] for e in batch]
+        n_events = len(timed_events)
+        kinds: dict[str, int] = {}
+        for e in timed_events:
+            kinds[e["kind"]] = kinds.get(e["kind"], 0) + 1
+        print("mix: " + ", ".join(f"{k} {v / n_events:.1%}" for k, v in sorted(kinds.items())))
+        api_rate = n_events / api_s
+        lat = sorted(x for c in clients for x in c.latencies)
+        print(
+            f"API:  {n_events} events in {api_s:.2f} s = {api_rate:,.0f} events/s"
+            f"  ({args.clients} clients, {args.workers} workers;"
+            f" latency p50 {statistics.median(lat) * 1000:.0f} ms,"
+            f" p95 {lat[int(len(lat) * 0.95)] * 1000:.0f} ms)"
+        )
+        print("      " + CpuMeter.report(cpu0, cpu1, api_s, n_events))
+
+        # The same rows, for fresh jobs so nothing conflicts with what the API stored.
+        bench_cluster = TrainingJob.objects.get(key=f"{prefix}00").cluster
+        copy_jobs = TrainingJob.objects.bulk_create(
+            [TrainingJob(key=f"{prefix}copy-{i:02d}", cluster=bench_cluster) for i in range(n_jobs)]
+        )
+        job_ids = {f"{prefix}{i:02d}": j.id for i, j in enumerate(copy_jobs)}
+        rows = event_rows(timed_events, job_ids, datetime.now(tz=UTC))
+        copy_s = copy_rows(args.database_url, rows, size)
+        copy_rate = len(rows) / copy_s
+        print(f"COPY: {len(rows)} rows in {copy_s:.2f} s = {copy_rate:,.0f} rows/s (1 connection)")
+
+        ratio = api_rate / copy_rate
+        ok_rate = api_rate >= TARGET_EVENTS_PER_S
+        ok_ratio = ratio >= TARGET_RATIO
+        print(f"ratio API/COPY: {ratio:.2f}")
+        print(f"target >= {TARGET_EVENTS_PER_S:,} events/s: {verdict(ok_rate)} ({api_rate:,.0f})")
+        print(f"target ratio >= {TARGET_RATIO}: {verdict(ok_ratio)} ({ratio:.2f})")
+        return 0 if ok_rate and ok_ratio else 2
     finally:
-        stop_server(server)
-    errors = [c.error for c in clients if c.error] + [
-        "a client did not finish" for c in clients if c.is_alive()
-    ]
-    if errors:
-        print("FAILED: " + "; ".join(errors))
-        return 1
-    api_rate = n_timed * size / api_s
-    lat = sorted(x for c in clients for x in c.latencies)
-    print(
-        f"API:  {n_timed * size} events in {api_s:.2f} s = {api_rate:,.0f} events/s"
-        f"  ({args.clients} clients, {args.workers} workers;"
-        f" latency p50 {statistics.median(lat) * 1000:.0f} ms,"
-        f" p95 {lat[int(len(lat) * 0.95)] * 1000:.0f} ms)"
-    )
-
-    # The same rows, for fresh jobs so nothing conflicts with what the API stored.
-    bench_cluster = TrainingJob.objects.get(key=f"{prefix}00").cluster
-    copy_jobs = TrainingJob.objects.bulk_create(
-        [TrainingJob(key=f"{prefix}copy-{i:02d}", cluster=bench_cluster) for i in range(n_jobs)]
-    )
-    job_ids = {f"{prefix}{i:02d}": j.id for i, j in enumerate(copy_jobs)}
-    rows = event_rows(timed_events, job_ids, datetime.now(tz=UTC))
-    copy_s = copy_rows(args.database_url, rows, size)
-    copy_rate = len(rows) / copy_s
-    print(f"COPY: {len(rows)} rows in {copy_s:.2f} s = {copy_rate:,.0f} rows/s (1 connection)")
-
-    ratio = api_rate / copy_rate
-    ok_rate = api_rate >= TARGET_EVENTS_PER_S
-    ok_ratio = ratio >= TARGET_RATIO
-    print(f"ratio API/COPY: {ratio:.2f}")
-    print(f"target >= {TARGET_EVENTS_PER_S:,} events/s: {verdict(ok_rate)} ({api_rate:,.0f})")
-    print(f"target ratio >= {TARGET_RATIO}: {verdict(ok_ratio)} ({ratio:.2f})")
-
-    if not args.keep:
-        t = time.perf_counter()
-        TrainingJob.objects.filter(key__startswith=prefix).delete()
-        print(f"deleted this run's rows in {time.perf_counter() - t:.1f} s")
-    return 0 if ok_rate and ok_ratio else 2
+        api_token.delete()
+        if not args.keep:
+            t = time.perf_counter()
+            TrainingJob.objects.filter(key__startswith=prefix).delete()
+            print(f"deleted this run's rows in {time.perf_counter() - t:.1f} s")
 
 
 if __name__ == "__main__":

@@ -1,17 +1,24 @@
-"""Insert or look up many rows in one round trip.
+"""Insert, look up and update many rows, one statement per table.
 
-PostgreSQL gets one statement per table over `unnest(arrays)`: the whole batch
-travels as a few typed arrays, bound server-side in binary. (Django's cursors
-bind client-side, rendering each array as SQL text with a regex pass over
-every element: several times the cost of the insert itself.) Other databases
-(SQLite, the laptop default) get an executemany of the same INSERT, and plain
-queries for the look-ups.
+PostgreSQL gets one statement over `unnest(arrays)`: the whole batch travels
+as a few typed arrays, bound server-side in binary. (Django's cursors bind
+client-side, rendering each array as SQL text with a regex pass over every
+element: several times the cost of the insert itself.) Arrays of ints, floats
+and strings are encoded here, numbers through numpy; anything else is left to
+psycopg's own (per-element, slower) list dumping. Other databases (SQLite, the
+laptop default) get an executemany of the same statement, and plain queries
+for the look-ups.
 """
 
+import functools
+import struct
 from collections import defaultdict
 
+import numpy as np
 import psycopg
 from django.db import connection
+from psycopg.adapt import Dumper
+from psycopg.pq import Format
 
 _PG_ARRAY_TYPES = {
     "bigint": "bigint",
@@ -32,16 +39,86 @@ def _pg_type(field) -> str:
     return _PG_ARRAY_TYPES.get(db_type, "text")
 
 
+class _Array:
+    """An array already in PostgreSQL's binary format, and its type's oid."""
+
+    __slots__ = ("data", "oid")
+
+    def __init__(self, data: bytes, oid: int):
+        self.data = data
+        self.oid = oid
+
+
+class _ArrayDumper(Dumper):
+    format = Format.BINARY
+
+    def get_key(self, obj, format):
+        return (_Array, obj.oid)
+
+    def upgrade(self, obj, format):
+        dumper = _ArrayDumper(_Array)
+        dumper.oid = obj.oid
+        return dumper
+
+    def dump(self, obj):
+        return obj.data
+
+
+_ARRAY_HEADER = struct.Struct("!iiiii")  # dimensions, has nulls, element oid, length, lower bound
+_pack_len = struct.Struct("!i").pack
+_NULL = _pack_len(-1)
+# Python type -> element oid, array oid, numpy type, struct format
+_NUMBERS = {int: (20, 1016, ">i8", "!iq"), float: (701, 1022, ">f8", "!id")}
+_TEXT, _TEXT_ARRAY = 25, 1009
+
+
+def _encode(values: list):
+    """`values` as a binary int8[], float8[] or text[] (the query casts it), when they all
+    share one of those types; otherwise as they are, for psycopg to dump."""
+    types = set(map(type, values))
+    hasnull = type(None) in types
+    types.discard(type(None))
+    if len(types) != 1:
+        return values
+    t = types.pop()
+    try:
+        if t in _NUMBERS:
+            oid, array_oid, dtype, fmt = _NUMBERS[t]
+            if hasnull:
+                pack = struct.Struct(fmt).pack
+                body = b"".join([_NULL if v is None else pack(8, v) for v in values])
+            else:
+                rows = np.empty(len(values), [("len", ">i4"), ("value", dtype)])
+                rows["len"] = 8
+                rows["value"] = values
+                body = rows.tobytes()
+        elif t is str:
+            oid, array_oid = _TEXT, _TEXT_ARRAY
+            encoded = [None if v is None else v.encode() for v in values]
+            body = b"".join([_NULL if b is None else _pack_len(len(b)) + b for b in encoded])
+        else:
+            return values
+    except (OverflowError, struct.error, UnicodeEncodeError):
+        return values  # psycopg's way, errors included
+    return _Array(_ARRAY_HEADER.pack(1, hasnull, oid, len(values), 1) + body, array_oid)
+
+
 def _binary_cursor():
     """A Django cursor (logged like any other) over a server-side binding psycopg cursor."""
     connection.ensure_connection()
     raw = psycopg.Cursor(connection.connection)
+    raw.adapters.register_dumper(_Array, _ArrayDumper)
     if connection.queries_logged:
         return connection.make_debug_cursor(raw)
     return connection.make_cursor(raw)
 
 
 def _unnest(fields) -> str:
+    return _unnest_sql(tuple(fields))
+
+
+@functools.cache  # the same few column lists, batch after batch
+def _unnest_sql(fields: tuple) -> str:
     # %b: each array goes in binary, with no text rendering or parsing on either side.
     return "unnest(" + ", ".join(f"%b::{_pg_type(f)}[]" for f in fields) + ")"
 
@@ -63,7 +140,7 @@ def insert_ignoring_conflicts(model, columns: list[str], values: list[list]) -> 
             cursor.execute(
                 f"INSERT INTO {table} ({cols}) SELECT * FROM {_unnest(fields)}"
                 " ON CONFLICT DO NOTHING",
-                values,
+                [_encode(v) for v in values],
             )
         return
     marks = ", ".join(["%s"] * len(fields))
@@ -74,26 +151,105 @@ def insert_ignoring_conflicts(model, columns: list[str], values: list[list]) -> 
         )
 
 
-def existing_pairs(model, columns: tuple[str, str], pairs: list[tuple]) -> set[tuple]:
-    """Which of the (a, b) values of the two `columns` are stored already."""
-    if not pairs:
+def insert_new(model, columns: list[str], values: list[list], key: tuple[str, str]) -> set[tuple]:
+    """Insert the rows whose `key` (two columns) is not stored yet; the keys it inserted.
+
+    Rows are given column-wise, as for `insert_ignoring_conflicts`, and must not
+    repeat a key among themselves. PostgreSQL learns what is new from the insert
+    itself (ON CONFLICT ... RETURNING); other databases look the keys up first.
+    """
+    if not values or not values[0]:
         return set()
     meta = model._meta
     fields = [meta.get_field(c) for c in columns]
+    key_fields = [meta.get_field(c) for c in key]
+    qn = connection.ops.quote_name
+    table = qn(meta.db_table)
+    cols = ", ".join(qn(f.column) for f in fields)
+    key_cols = ", ".join(qn(f.column) for f in key_fields)
     if connection.vendor == "postgresql":
-        table = connection.ops.quote_name(meta.db_table)
-        cols = ", ".join(connection.ops.quote_name(f.column) for f in fields)
         with _binary_cursor() as cursor:
             cursor.execute(
-                f"SELECT {cols} FROM {table} WHERE ({cols}) IN (SELECT * FROM {_unnest(fields)})",
-                [[p[0] for p in pairs], [p[1] for p in pairs]],
+                f"INSERT INTO {table} ({cols}) SELECT * FROM {_unnest(fields)}"
+                f" ON CONFLICT ({key_cols}) DO NOTHING RETURNING {key_cols}",
+                [_encode(v) for v in values],
             )
             return set(cursor.fetchall())
-    a, b = (f.attname for f in fields)
+    ia, ib = (fields.index(f) for f in key_fields)
     by_a: dict = defaultdict(set)
-    for x, y in pairs:
-        by_a[x].add(y)
-    found = set()
-    for x, ys in by_a.items():
-        found.update((x, y) for y in model.objects.filter(**{a: x, f"{b}__in": ys}).values_list(b, flat=True))
-    return found
+    for a, b in zip(values[ia], values[ib], strict=True):
+        by_a[a].add(b)
+    name_a, name_b = (f.attname for f in key_fields)
+    stored = set()
+    for a, bs in by_a.items():
+        found = model.objects.filter(**{name_a: a, f"{name_b}__in": bs})
+        stored.update((a, b) for b in found.values_list(name_b, flat=True))
+    rows = [r for r in zip(*values, strict=True) if (r[ia], r[ib]) not in stored]
+    if rows:
+        with connection.cursor() as cursor:
+            marks = ", ".join(["%s"] * len(fields))
+            cursor.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks})", rows)
+    return {(r[ia], r[ib]) for r in rows}
+
+
+def update_rows(model, fields: list[str], objs: list) -> None:
+    """Save `fields` of model instances `objs` (a few rows) in one statement.
+
+    What `QuerySet.bulk_update` does, without its CASE WHEN per field and row:
+    values go through each field's `get_db_prep_save`, as in `Model.save`.
+    """
+    if not objs:
+        return
+    meta = model._meta
+    pk = meta.pk
+    targets = [meta.get_field(f) for f in fields]
+    rows = [[pk.get_db_prep_save(o.pk, connection)] for o in objs]
+    for row, o in zip(rows, objs, strict=True):
+        row.extend(f.get_db_prep_save(getattr(o, f.attname), connection) for f in targets)
+    table = connection.ops.quote_name(meta.db_table)
+    qn = connection.ops.quote_name
+    if connection.vendor == "postgresql":
+        names = [qn(pk.column)] + [qn(f.column) for f in targets]
+        sets = ", ".join(f"{qn(f.column)} = v.{qn(f.column)}" for f in targets)
+        with _binary_cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} SET {sets} FROM {_unnest([pk, *targets])} AS v({', '.join(names)})"
+                f" WHERE {table}.{qn(pk.column)} = v.{qn(pk.column)}",
+                [_encode(list(col)) for col in zip(*rows, strict=True)],
+            )
+        return
+    sets = ", ".join(f"{qn(f.column)} = %s" for f in targets)
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            f"UPDATE {table} SET {sets} WHERE {qn(pk.column)} = %s", [r[1:] + r[:1] for r in rows]
+        )
+
+
+def update_to_latest(model, field: str, values: dict) -> None:
+    """Move `field` of the rows {pk: value} up to their value, never down: one statement.
+
+    The comparison happens in the database, so concurrent writers cannot move a
+    row back. A NULL field takes the value.
+    """
+    if not values:
+        return
+    meta = model._meta
+    pk, target = meta.pk, meta.get_field(field)
+    qn = connection.ops.quote_name
+    table, col, key = qn(meta.db_table), qn(target.column), qn(pk.column)
+    ids = sorted(values)
+    new = [target.get_db_prep_save(values[i], connection) for i in ids]
+    if connection.vendor == "postgresql":
+        with _binary_cursor() as cursor:
+            # GREATEST skips NULLs: a NULL field takes the value.
+            cursor.execute(
+                f"UPDATE {table} SET {col} = GREATEST({table}.{col}, v.value)"
+                f" FROM {_unnest([pk, target])} AS v(id, value) WHERE {table}.{key} = v.id",
+                [_encode(ids), _encode(new)],
+            )
+        return
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            f"UPDATE {table} SET {col} = MAX(COALESCE({col}, %s), %s) WHERE {key} = %s",
+            [(v, v, i) for i, v in zip(ids, new, strict=True)],
+        )

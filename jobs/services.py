@@ -14,12 +14,11 @@ from datetime import UTC, datetime
 import orjson
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models import F
-from django.db.models.functions import Coalesce, Greatest
+from django.db.models import Q
 from django.utils import timezone
 
 from console.exceptions import ApiError
-from jobs.bulk import existing_pairs, insert_ignoring_conflicts
+from jobs.bulk import insert_ignoring_conflicts, insert_new, update_rows, update_to_latest
 from jobs.models import (
     Attempt,
     Checkpoint,
@@ -84,28 +83,55 @@ def _lock_jobs(*, cluster: Cluster, keys: set[str]) -> dict[str, TrainingJob]:
     return jobs
 
 
-def _new_events(jobs: dict[str, TrainingJob], events: list[WireEvent]) -> list[WireEvent]:
-    """Events not stored yet, each (job, id) once: the first in the batch wins."""
+def _insert_events(jobs: dict[str, TrainingJob], events: list[WireEvent], now) -> list[WireEvent]:
+    """Store the events not stored yet, each (job, id) once (the first in the batch wins).
+
+    Returns the events stored. The jobs are locked, so what the insert found
+    already stored cannot change before this transaction ends.
+    """
     job_id = {k: j.id for k, j in jobs.items()}
-    keys = [(job_id[e.job], e.client_id) for e in events]
-    stored = existing_pairs(Event, ("job", "client_id"), list(set(keys)))
-    fresh = []
-    for e, key in zip(events, keys, strict=True):
-        if key not in stored:
-            stored.add(key)
-            fresh.append(e)
-    return fresh
+    firsts: dict[tuple[int, str], WireEvent] = {}
+    for e in events:
+        firsts.setdefault((job_id[e.job], e.client_id), e)
+    batch = list(firsts.values())
+    dumps = orjson.dumps
+    inserted = insert_new(
+        Event,
+        EVENT_COLUMNS,
+        [
+            [job_id[e.job] for e in batch],
+            [e.client_id for e in batch],
+            [e.kind for e in batch],
+            [e.ts for e in batch],
+            [e.attempt for e in batch],
+            [e.node for e in batch],
+            [e.rank for e in batch],
+            [dumps(e.data).decode() for e in batch],
+            [now] * len(batch),
+        ],
+        key=("job", "client_id"),
+    )
+    if len(inserted) == len(batch):
+        return batch
+    return [e for k, e in firsts.items() if k in inserted]
 
 
 def _ensure_nodes(cluster_id: int, names: set[str]) -> dict[str, int]:
+    """Node ids by name, creating the missing ones: one query when all are known."""
     if not names:
         return {}
-    Node.objects.bulk_create(
-        [Node(cluster_id=cluster_id, name=n) for n in sorted(names)], ignore_conflicts=True
-    )
-    return dict(
+    found = dict(
         Node.objects.filter(cluster_id=cluster_id, name__in=names).values_list("name", "id")
     )
+    if len(found) < len(names):
+        Node.objects.bulk_create(
+            [Node(cluster_id=cluster_id, name=n) for n in sorted(names - found.keys())],
+            ignore_conflicts=True,
+        )
+        found = dict(
+            Node.objects.filter(cluster_id=cluster_id, name__in=names).values_list("name", "id")
+        )
+    return found
 
 
 def events_ingest(*, cluster: Cluster, events: list[WireEvent]) -> IngestResult:
@@ -113,9 +139,9 @@ def events_ingest(*, cluster: Cluster, events: list[WireEvent]) -> IngestResult:
     now = timezone.now()
     with transaction.atomic():
         jobs = _lock_jobs(cluster=cluster, keys={e.job for e in events})
-        fresh = _new_events(jobs, events)
+        fresh = _insert_events(jobs, events, now)
         if fresh:
-            _store(cluster, jobs, fresh, now)
+            _project(cluster, jobs, fresh)
             touched = sorted({jobs[e.job].id for e in fresh})
             transaction.on_commit(lambda: _refresh_ledgers(touched))
     return IngestResult(accepted=len(fresh), duplicates=len(events) - len(fresh))
@@ -133,25 +159,9 @@ def _refresh_ledgers(job_ids: list[int]) -> None:
             ledger_refresh.apply_async((job_id,), countdown=LEDGER_REFRESH_DEBOUNCE_S)
 
 
-def _store(cluster: Cluster, jobs: dict[str, TrainingJob], fresh: list[WireEvent], now) -> None:
+def _project(cluster: Cluster, jobs: dict[str, TrainingJob], fresh: list[WireEvent]) -> None:
+    """What the new events add to steps, rank windows, nodes, attempts, checkpoints, jobs."""
     job_id = {k: j.id for k, j in jobs.items()}
-    dumps = orjson.dumps
-
-    insert_ignoring_conflicts(
-        Event,
-        EVENT_COLUMNS,
-        [
-            [job_id[e.job] for e in fresh],
-            [e.client_id for e in fresh],
-            [e.kind for e in fresh],
-            [e.ts for e in fresh],
-            [e.attempt for e in fresh],
-            [e.node for e in fresh],
-            [e.rank for e in fresh],
-            [dumps(e.data).decode() for e in fresh],
-            [now] * len(fresh),
-        ],
-    )
 
     steps = [e for e in fresh if e.kind == "step"]
     windows = [e for e in fresh if e.kind == "rank_window"]
@@ -198,8 +208,8 @@ def _store(cluster: Cluster, jobs: dict[str, TrainingJob], fresh: list[WireEvent
             ],
         )
     _record_heartbeats(node_ids, heartbeats)
-    _project_lifecycle(jobs, fresh, lifecycle, node_ids)
-    _update_jobs(jobs, fresh, lifecycle)
+    attempts = _project_lifecycle(jobs, fresh, lifecycle, node_ids)
+    _update_jobs(jobs, fresh, lifecycle, attempts)
 
 
 def _record_heartbeats(node_ids: dict[str, int], heartbeats: list[WireEvent]) -> None:
@@ -207,34 +217,43 @@ def _record_heartbeats(node_ids: dict[str, int], heartbeats: list[WireEvent]) ->
     for e in heartbeats:
         if e.ts > latest.get(e.node, 0.0):
             latest[e.node] = e.ts
-    for name, ts in latest.items():
-        at = dt(ts)
-        Node.objects.filter(pk=node_ids[name]).update(
-            last_heartbeat_at=Greatest(Coalesce(F("last_heartbeat_at"), at), at)
-        )
+    # One UPDATE for all the batch's nodes; a heartbeat never moves one back in time.
+    update_to_latest(
+        Node, "last_heartbeat_at", {node_ids[name]: dt(ts) for name, ts in latest.items()}
+    )
 
 
 def _earlier(current: datetime | None, ts: float) -> bool:
     return current is None or dt(ts) < current
 
 
-def _project_lifecycle(jobs, fresh, lifecycle, node_ids) -> None:
-    """Attempt and checkpoint rows from lifecycle events, whatever order they come in."""
+def _project_lifecycle(jobs, fresh, lifecycle, node_ids) -> dict[tuple[int, int], Attempt]:
+    """Attempt and checkpoint rows from lifecycle events, whatever order they come in.
+
+    Returns every attempt, as now stored, of the jobs whose launches these
+    events describe (locked, like the jobs themselves), by (job id, number).
+    """
     job_id = {k: j.id for k, j in jobs.items()}
     numbers = {(job_id[e.job], e.attempt) for e in fresh if e.attempt is not None}
     if not numbers:
-        return
+        return {}
     Attempt.objects.bulk_create(
         [Attempt(job_id=j, number=n) for j, n in sorted(numbers)], ignore_conflicts=True
     )
     if not lifecycle:
-        return
+        return {}
     touched_jobs = {job_id[e.job] for e in lifecycle if e.attempt is not None}
     attempts = {
         (a.job_id, a.number): a
         for a in Attempt.objects.select_for_update().filter(job_id__in=touched_jobs)
     }
-    checkpoints: dict[tuple[int, int, int], Checkpoint] = {}
+    checkpoints = _lock_checkpoints(
+        {
+            (job_id[e.job], e.attempt, e.data["step"])
+            for e in lifecycle
+            if e.attempt is not None and e.kind in ("checkpoint_save_started", "checkpoint_saved")
+        }
+    )
     changed: set[tuple[int, int]] = set()
     for e in sorted(lifecycle, key=lambda e: e.ts):
         if e.attempt is None:
@@ -258,12 +277,7 @@ def _project_lifecycle(jobs, fresh, lifecycle, node_ids) -> None:
             a.exit_code = d.get("exit_code")
             changed.add(key)
         elif e.kind in ("checkpoint_save_started", "checkpoint_saved"):
-            ck_key = (key[0], e.attempt, d["step"])
-            if ck_key not in checkpoints:
-                checkpoints[ck_key], _ = Checkpoint.objects.select_for_update().get_or_create(
-                    job_id=key[0], attempt=e.attempt, step=d["step"]
-                )
-            ck = checkpoints[ck_key]
+            ck = checkpoints[(key[0], e.attempt, d["step"])]
             if e.kind == "checkpoint_save_started":
                 if _earlier(ck.save_started_at, e.ts):
                     ck.save_started_at = dt(e.ts)
@@ -274,22 +288,55 @@ def _project_lifecycle(jobs, fresh, lifecycle, node_ids) -> None:
                 ck.uri = d.get("uri") or ""
                 ck.tier = d.get("tier") or ""
                 ck.durable = ck.tier not in Checkpoint.NON_DURABLE_TIERS
-    Attempt.objects.bulk_update(
-        [attempts[k] for k in changed],
-        ["started_at", "ready_at", "ended_at", "end_reason", "exit_code", "world_size", "gpus_per_node"],
+    update_rows(
+        Attempt,
+        [
+            "started_at",
+            "ready_at",
+            "ended_at",
+            "end_reason",
+            "exit_code",
+            "world_size",
+            "gpus_per_node",
+        ],
+        [attempts[k] for k in sorted(changed)],
     )
-    if checkpoints:
-        Checkpoint.objects.bulk_update(
-            list(checkpoints.values()),
-            ["save_started_at", "saved_at", "blocking_s", "bytes", "uri", "tier", "durable"],
-        )
+    update_rows(
+        Checkpoint,
+        ["save_started_at", "saved_at", "blocking_s", "bytes", "uri", "tier", "durable"],
+        list(checkpoints.values()),
+    )
+    return attempts
 
 
-def _update_jobs(jobs, fresh, lifecycle) -> None:
+def _lock_checkpoints(keys: set[tuple[int, int, int]]) -> dict[tuple[int, int, int], Checkpoint]:
+    """The checkpoint rows of these (job, attempt, step) keys, created when new, locked."""
+    if not keys:
+        return {}
+    Checkpoint.objects.bulk_create(
+        [Checkpoint(job_id=j, attempt=a, step=s) for j, a, s in sorted(keys)],
+        ignore_conflicts=True,
+    )
+    steps: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for j, a, s in keys:
+        steps[(j, a)].append(s)
+    match = Q()
+    for (j, a), ss in steps.items():
+        match |= Q(job_id=j, attempt=a, step__in=ss)
+    return {
+        (c.job_id, c.attempt, c.step): c
+        for c in Checkpoint.objects.select_for_update().filter(match).order_by("id")
+    }
+
+
+def _update_jobs(jobs, fresh, lifecycle, attempts) -> None:
     per_job: dict[str, list[WireEvent]] = defaultdict(list)
     for e in fresh:
         per_job[e.job].append(e)
     lifecycle_jobs = {e.job for e in lifecycle}
+    attempts_of: dict[int, list[Attempt]] = defaultdict(list)
+    for (j, _), a in attempts.items():
+        attempts_of[j].append(a)
     for key, evs in per_job.items():
         job = jobs[key]
         lo = min(e.ts for e in evs)
@@ -304,7 +351,7 @@ def _update_jobs(jobs, fresh, lifecycle) -> None:
             elif e.kind == "job_finished" and _earlier(job.finished_at, e.ts):
                 job.finished_at = dt(e.ts)
         if key in lifecycle_jobs:
-            job.status = _job_status(job)
+            job.status = _job_status(job, attempts_of.get(job.id))
         job.revision += 1
         job.events_count += len(evs)
         job.save(
@@ -321,10 +368,16 @@ def _update_jobs(jobs, fresh, lifecycle) -> None:
         )
 
 
-def _job_status(job: TrainingJob) -> str:
-    latest = job.attempts.exclude(started_at=None).order_by("-number").first() or (
-        job.attempts.order_by("-number").first()
-    )
+def _job_status(job: TrainingJob, attempts: list[Attempt] | None = None) -> str:
+    """The status the job's latest launch gives it; `attempts`, when given, are all of
+    the job's attempts as stored (saves reading them again)."""
+    if attempts is None:
+        latest = job.attempts.exclude(started_at=None).order_by("-number").first() or (
+            job.attempts.order_by("-number").first()
+        )
+    else:
+        started = [a for a in attempts if a.started_at is not None]
+        latest = max(started or attempts, key=lambda a: a.number, default=None)
     S = TrainingJob.Status
     reason = latest.end_reason if latest else ""
     if job.finished_at is not None:

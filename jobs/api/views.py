@@ -58,9 +58,13 @@ class IngestView(APIView):
         request=s.IngestRequestSerializer,
         responses={
             202: s.IngestResponseSerializer,
-            400: OpenApiResponse(description="invalid events: each bad event's index, field, reason"),
+            400: OpenApiResponse(
+                description="invalid events: each bad event's index, field, reason"
+            ),
             401: OpenApiResponse(description="no or unknown token"),
-            403: OpenApiResponse(description="the token may not ingest, or its cluster does not own a job"),
+            403: OpenApiResponse(
+                description="the token may not ingest, or its cluster does not own a job"
+            ),
             413: OpenApiResponse(description="more than 5,000 events or 5 MiB"),
         },
     )
@@ -70,19 +74,23 @@ class IngestView(APIView):
             raw = parse_body(body)
             if len(raw) > settings.INGEST_MAX_EVENTS:
                 raise ApiError(
-                    413, "too_many_events",
+                    413,
+                    "too_many_events",
                     f"{len(raw)} events; a request may carry at most {settings.INGEST_MAX_EVENTS}.",
                 )
             events, errors = validate_events(raw, settings.INGEST_MAX_EVENTS)
         except WireError as exc:
             raise ApiError(
-                400, "invalid_body", f"{exc.field}: {exc.reason}",
+                400,
+                "invalid_body",
+                f"{exc.field}: {exc.reason}",
                 errors=[{"index": None, "field": exc.field, "reason": exc.reason}],
             ) from exc
         if errors:
             bad = len({e["index"] for e in errors})
             raise ApiError(
-                400, "invalid_events",
+                400,
+                "invalid_events",
                 f"{bad} of {len(raw)} events are invalid; nothing was stored.",
                 errors=errors,
             )
@@ -114,8 +122,10 @@ class JobListView(JobViewMixin, generics.ListAPIView):
         status_ = params.get("status")
         if status_ and status_ not in TrainingJob.Status.values:
             raise ApiError(
-                400, "invalid_parameter",
-                f"status must be one of {', '.join(TrainingJob.Status.values)}.", field="status",
+                400,
+                "invalid_parameter",
+                f"status must be one of {', '.join(TrainingJob.Status.values)}.",
+                field="status",
             )
         return selectors.job_list(cluster=params.get("cluster"), status=status_)
 
@@ -142,16 +152,16 @@ def _time_param(request, name: str) -> float | None:
     value = request.query_params.get(name)
     if value in (None, ""):
         return None
-    number = None
     try:
-        number = float(value)
-    except ValueError:
-        pass
-    ts = parse_ts(number if number is not None else value.replace(" ", "+"))
+        ts = parse_ts(float(value))
+    except ValueError:  # not a number: RFC 3339 (a '+' in a query string may arrive as ' ')
+        ts = parse_ts(value.replace(" ", "+"))
     if ts is None:
         raise ApiError(
-            400, "invalid_parameter",
-            f"{name} must be unix seconds or an RFC 3339 time with an offset.", field=name,
+            400,
+            "invalid_parameter",
+            f"{name} must be unix seconds or an RFC 3339 time with an offset.",
+            field=name,
         )
     return ts
 
@@ -163,8 +173,12 @@ def _job(key: str) -> TrainingJob:
 class JobGoodputView(APIView):
     @extend_schema(
         parameters=[
-            OpenApiParameter("start", OpenApiTypes.STR, description="window start (RFC 3339 or unix s)"),
-            OpenApiParameter("end", OpenApiTypes.STR, description="window end (RFC 3339 or unix s)"),
+            OpenApiParameter(
+                "start", OpenApiTypes.STR, description="window start (RFC 3339 or unix s)"
+            ),
+            OpenApiParameter(
+                "end", OpenApiTypes.STR, description="window end (RFC 3339 or unix s)"
+            ),
         ],
         responses=s.GoodputSerializer,
     )
