@@ -9,23 +9,12 @@ seconds after T0; numbers are chosen so that every sum is exact in binary.
 import itertools
 import math
 
-import numpy as np
 import pytest
 
-from jobs.accounting import CATEGORIES, Steps, compute_ledger
+from jobs.accounting import CATEGORIES, compute_ledger
+from tests.jobs.traces import build, ledger_of
 
 T0 = 1_700_000_000.0
-LIFECYCLE = (
-    "attempt_started",
-    "ready",
-    "checkpoint_load_started",
-    "checkpoint_loaded",
-    "checkpoint_save_started",
-    "checkpoint_saved",
-    "fault",
-    "attempt_ended",
-    "job_finished",
-)
 
 
 # --- a tiny trace language ------------------------------------------------------
@@ -57,37 +46,10 @@ def steps(attempt, first_step, times):
     return [ev("step", t, attempt, step=first_step + i) for i, t in enumerate(times)]
 
 
-def build(events):
-    """The arguments of compute_ledger, as the loader would make them from these events.
-
-    Arrival order is list order: lifecycle sorted by (ts, arrival), steps keep
-    their arrival number in `seq`, `last_event_ts` is the latest event of any kind.
-    """
-    indexed = list(enumerate(events))
-    lifecycle = [
-        (e["kind"], e["ts"], e["attempt"], e["data"])
-        for _, e in sorted(indexed, key=lambda ie: (ie[1]["ts"], ie[0]))
-        if e["kind"] in LIFECYCLE
-    ]
-    step_events = [(i, e) for i, e in indexed if e["kind"] == "step"]
-    st = Steps(
-        np.array([e["attempt"] for _, e in step_events], dtype=np.int64),
-        np.array([e["data"]["step"] for _, e in step_events], dtype=np.int64),
-        np.array([e["ts"] for _, e in step_events], dtype=np.float64),
-        np.array([i for i, _ in step_events], dtype=np.int64),
-    )
-    last = max((e["ts"] for e in events), default=None)
-    return lifecycle, st, last
-
-
 def ledger(events, start=None, end=None):
     """The ledger of `events`; `start` and `end` in seconds after T0."""
-    lifecycle, st, last = build(events)
-    return compute_ledger(
-        "job",
-        lifecycle,
-        st,
-        last_event_ts=last,
+    return ledger_of(
+        events,
         start=None if start is None else T0 + start,
         end=None if end is None else T0 + end,
     )

@@ -20,25 +20,14 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobs.accounting import CATEGORIES, Steps, compute_ledger
+from jobs.accounting import CATEGORIES
+from tests.jobs.traces import ledger_of
 
 T0 = 1_700_000_000.0
-LIFECYCLE = (
-    "attempt_started",
-    "ready",
-    "checkpoint_load_started",
-    "checkpoint_loaded",
-    "checkpoint_save_started",
-    "checkpoint_saved",
-    "fault",
-    "attempt_ended",
-    "job_finished",
-)
 SETTINGS = settings(
     max_examples=150,
     deadline=None,
@@ -53,27 +42,7 @@ def at(ms: int) -> float:
 # --- the stream -------------------------------------------------------------------
 
 
-def build(events):
-    """compute_ledger's arguments, as the loader makes them; arrival order is list order."""
-    indexed = list(enumerate(events))
-    lifecycle = [
-        (e["kind"], e["ts"], e["attempt"], e["data"])
-        for _, e in sorted(indexed, key=lambda ie: (ie[1]["ts"], ie[0]))
-        if e["kind"] in LIFECYCLE
-    ]
-    step_events = [(i, e) for i, e in indexed if e["kind"] == "step"]
-    st_ = Steps(
-        np.array([e["attempt"] for _, e in step_events], dtype=np.int64),
-        np.array([e["data"]["step"] for _, e in step_events], dtype=np.int64),
-        np.array([e["ts"] for _, e in step_events], dtype=np.float64),
-        np.array([i for i, _ in step_events], dtype=np.int64),
-    )
-    return lifecycle, st_, max(e["ts"] for e in events)
-
-
-def ledger(events, start=None, end=None):
-    lifecycle, st_, last = build(events)
-    return compute_ledger("job", lifecycle, st_, last_event_ts=last, start=start, end=end)
+ledger = ledger_of
 
 
 @dataclass
