@@ -17,7 +17,6 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from console.exceptions import ApiError
 from jobs.bulk import insert_ignoring_conflicts, insert_new, update_rows, update_to_latest
 from jobs.models import (
     Attempt,
@@ -48,6 +47,15 @@ WINDOW_COLUMNS = [
 ]
 
 
+class JobsOfAnotherCluster(Exception):
+    """A batch names jobs that belong to another cluster than the one posting it."""
+
+    def __init__(self, *, cluster: str, keys: list[str]):
+        super().__init__(f"cluster {cluster!r} does not own job(s): {', '.join(keys)}")
+        self.cluster = cluster
+        self.keys = keys
+
+
 @dataclass(frozen=True)
 class IngestResult:
     accepted: int
@@ -74,12 +82,7 @@ def _lock_jobs(*, cluster: Cluster, keys: set[str]) -> dict[str, TrainingJob]:
     }
     foreign = sorted(k for k, j in jobs.items() if j.cluster_id != cluster.id)
     if foreign:
-        raise ApiError(
-            403,
-            "forbidden_job",
-            f"This token's cluster '{cluster.name}' does not own job(s): {', '.join(foreign)}.",
-            jobs=foreign,
-        )
+        raise JobsOfAnotherCluster(cluster=cluster.name, keys=foreign)
     return jobs
 
 

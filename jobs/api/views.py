@@ -94,7 +94,15 @@ class IngestView(APIView):
                 f"{bad} of {len(raw)} events are invalid; nothing was stored.",
                 errors=errors,
             )
-        result = services.events_ingest(cluster=request.auth.cluster, events=events)
+        try:
+            result = services.events_ingest(cluster=request.auth.cluster, events=events)
+        except services.JobsOfAnotherCluster as exc:
+            raise ApiError(
+                403,
+                "forbidden_job",
+                f"This token's cluster '{exc.cluster}' does not own job(s): {', '.join(exc.keys)}.",
+                jobs=exc.keys,
+            ) from exc
         return Response(
             {"accepted": result.accepted, "duplicates": result.duplicates},
             status=status.HTTP_202_ACCEPTED,
