@@ -46,12 +46,22 @@ def job_checkpoints(*, job: TrainingJob) -> QuerySet[Checkpoint]:
     return job.checkpoints.order_by("saved_at", "step", "attempt")
 
 
-def job_goodput(*, job: TrainingJob, start: float | None = None, end: float | None = None) -> dict:
-    """The ledger's figures; the cumulative one is cached per job revision."""
+def job_goodput(
+    *,
+    job: TrainingJob,
+    start: float | None = None,
+    end: float | None = None,
+    allow_stale: bool = False,
+) -> dict:
+    """The ledger's figures; the cumulative one is cached per job revision.
+
+    Lists pass `allow_stale`: they show the last snapshot (ingest has a
+    refresh on its way, see services) rather than recompute every job.
+    """
     if start is not None or end is not None:
         return job_ledger(job, start=start, end=end).as_dict()
     snapshot = getattr(job, "ledger", None) if _has_cached_ledger(job) else None
-    if snapshot is not None and snapshot.revision == job.revision:
+    if snapshot is not None and (allow_stale or snapshot.revision == job.revision):
         return snapshot.figures
     figures = job_ledger(job).as_dict()
     try:

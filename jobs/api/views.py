@@ -112,7 +112,8 @@ class IngestView(APIView):
 class JobViewMixin:
     def get_serializer_context(self):
         context = super().get_serializer_context()
-        context["goodput"] = lambda job: selectors.job_goodput(job=job)
+        many = isinstance(self, generics.ListAPIView)
+        context["goodput"] = lambda job: selectors.job_goodput(job=job, allow_stale=many)
         return context
 
 

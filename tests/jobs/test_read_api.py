@@ -227,3 +227,13 @@ def test_openapi_schema_and_docs(client):
     docs = client.get("/api/v1/docs")
     assert docs.status_code == 200
     assert b"cdn" not in docs.content.lower()
+
+
+def test_job_list_shows_the_last_snapshot_while_the_detail_is_exact(personas, job, ingest):
+    c = personas["viewer"].client()
+    c.get("/api/v1/jobs/")  # a snapshot at this revision
+    ingest([ev(14, "step", 40, attempt=2, step=5)])
+    listed = c.get("/api/v1/jobs/").json()["results"][0]["goodput"]
+    assert listed["elapsed_s"] == pytest.approx(39.0)  # stale until the refresh task runs
+    detail = c.get("/api/v1/jobs/j1/").json()["goodput"]
+    assert detail["elapsed_s"] == pytest.approx(40.0)
