@@ -28,6 +28,7 @@ from jobs.models import (
     StepRecord,
     TrainingJob,
 )
+from jobs.signals import events_stored
 from jobs.wire import WireEvent, as_float
 
 EVENT_COLUMNS = ["job", "client_id", "kind", "ts", "attempt", "node", "rank", "data", "received_at"]
@@ -146,7 +147,13 @@ def events_ingest(*, cluster: Cluster, events: list[WireEvent]) -> IngestResult:
         if fresh:
             _project(cluster, jobs, fresh)
             touched = sorted({jobs[e.job].id for e in fresh})
+            kinds: dict[int, set[str]] = defaultdict(set)
+            for e in fresh:
+                kinds[jobs[e.job].id].add(e.kind)
             transaction.on_commit(lambda: _refresh_ledgers(touched))
+            transaction.on_commit(
+                lambda: events_stored.send(sender=TrainingJob, job_ids=touched, kinds=kinds)
+            )
     return IngestResult(accepted=len(fresh), duplicates=len(events) - len(fresh))
 
 

@@ -1,0 +1,124 @@
+"""Incidents: one fault and its recovery, with the times and lost compute of the design."""
+
+from django.db import models
+from django.db.models import Q
+
+from jobs.models import Cluster, Node, TrainingJob
+
+
+class Incident(models.Model):
+    class Cause(models.TextChoices):
+        GPU = "gpu"
+        MEMORY = "memory"
+        NETWORK = "network"
+        HOST = "host"
+        SOFTWARE = "software"
+        HANG = "hang"
+        STRAGGLER = "straggler"
+        TRAINING_INSTABILITY = "training_instability"
+        PREEMPTION = "preemption"
+        UNKNOWN = "unknown"
+
+    class State(models.TextChoices):
+        OPEN = "open"
+        MITIGATING = "mitigating"
+        RECOVERED = "recovered"
+        RESOLVED = "resolved"
+
+    class Severity(models.TextChoices):
+        CRITICAL = "critical"
+        MAJOR = "major"
+        MINOR = "minor"
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="incidents")
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="incidents")
+    # One incident per fault episode: the detector and what identifies the
+    # episode within the job (for a launch's fault: the launch's number).
+    detector = models.CharField(max_length=32)
+    episode = models.CharField(max_length=64)
+    attempt = models.PositiveIntegerField(null=True, blank=True)
+    cause = models.CharField(max_length=24, choices=Cause.choices)
+    fault_type = models.CharField(max_length=24, blank=True)
+    xid = models.PositiveIntegerField(null=True, blank=True)
+    severity = models.CharField(max_length=12, choices=Severity.choices)
+    state = models.CharField(max_length=12, choices=State.choices, default=State.OPEN)
+    summary = models.CharField(max_length=300)
+    nodes = models.ManyToManyField(Node, blank=True, related_name="incidents")
+    ranks = models.JSONField(default=list, blank=True)
+    evidence = models.JSONField(default=list, blank=True, help_text="client ids of the events")
+
+    fault_at = models.DateTimeField()
+    detected_at = models.DateTimeField()
+    opened_at = models.DateTimeField(auto_now_add=True)
+    resumed_at = models.DateTimeField(null=True, blank=True)
+    recovered_at = models.DateTimeField(null=True, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    lost_gpu_seconds = models.FloatField(default=0.0)
+    lost_breakdown = models.JSONField(default=dict, blank=True)
+
+    root_cause = models.TextField(blank=True)
+    postmortem = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-fault_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "detector", "episode"], name="incident_one_per_episode"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["cluster", "-fault_at"], name="incident_cluster_time"),
+            models.Index(
+                fields=["job"], name="incident_awaiting_recovery", condition=Q(recovered_at=None)
+            ),
+        ]
+
+    def __str__(self):
+        return f"#{self.pk} {self.cause} on {self.job_id}"
+
+    @property
+    def time_to_detect_s(self) -> float:
+        return (self.detected_at - self.fault_at).total_seconds()
+
+    @property
+    def time_to_resume_s(self) -> float | None:
+        return (
+            None if self.resumed_at is None else (self.resumed_at - self.fault_at).total_seconds()
+        )
+
+    @property
+    def time_to_recover_s(self) -> float | None:
+        if self.recovered_at is None:
+            return None
+        return (self.recovered_at - self.fault_at).total_seconds()
+
+    @property
+    def lost_gpu_hours(self) -> float:
+        return self.lost_gpu_seconds / 3600.0
+
+
+class TimelineEntry(models.Model):
+    """An append-only entry of an incident's timeline."""
+
+    class Kind(models.TextChoices):
+        SIGNAL = "signal"
+        DETECTION = "detection"
+        STATE_CHANGE = "state_change"
+        NOTE = "note"
+        ACTION = "action"
+        APPROVAL = "approval"
+
+    incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="timeline")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    at = models.DateTimeField(help_text="when it happened (the job's clock for signals)")
+    actor = models.CharField(max_length=150, help_text="who or what: a user, a detector, a job")
+    source = models.CharField(max_length=64, blank=True)
+    message = models.TextField()
+    data = models.JSONField(default=dict, blank=True)
+    recorded_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self):
+        return f"{self.incident_id} {self.kind} {self.at}"

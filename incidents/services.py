@@ -1,0 +1,388 @@
+"""Writes of the incidents app: open incidents from what jobs report, keep their figures.
+
+Detection works on the job's own clock and re-derives each episode from all
+the events stored so far, so a trace posted late, twice or shuffled gives the
+same incidents: an incident is unique on (job, detector, episode) and every
+pass updates it to what the events now say.
+
+Faults of a launch are one episode: the earliest fault that is not a symptom
+(an NCCL timeout on other ranks) initiates it; the other faults and the
+launch's end attach to it as signals. A launch that ends failed or killed with
+no fault reported is an episode of its own, until a fault for it arrives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import numpy as np
+from django.db import transaction
+from django.utils import timezone
+
+from incidents import signals
+from incidents.models import Incident, TimelineEntry
+from incidents.xid import APPLICATION, HARDWARE, xid_class
+from jobs.accounting import compute_ledger, load_lifecycle, load_steps
+from jobs.models import Event, Node, TrainingJob
+
+LAUNCH_FAULT = "launch_fault"
+SYMPTOM_TYPES = frozenset({"nccl_timeout"})
+FAILED_ENDS = frozenset({"failed", "killed"})
+
+C = Incident.Cause
+S = Incident.Severity
+FAULT_CAUSES: dict[str, tuple[str, str]] = {
+    "crash": (C.SOFTWARE, S.MAJOR),
+    "hang": (C.HANG, S.MAJOR),
+    "nccl_timeout": (C.NETWORK, S.MAJOR),
+    "ecc": (C.MEMORY, S.CRITICAL),
+    "oom": (C.SOFTWARE, S.MAJOR),
+    "nan": (C.TRAINING_INSTABILITY, S.MAJOR),
+    "loss_spike": (C.TRAINING_INSTABILITY, S.MAJOR),
+    "sdc": (C.GPU, S.CRITICAL),
+    "preempted": (C.PREEMPTION, S.MINOR),
+    "network": (C.NETWORK, S.MAJOR),
+    "other": (C.UNKNOWN, S.MAJOR),
+}
+
+
+def dt(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, tz=UTC)
+
+
+def fault_cause(fault_type: str, xid: int | None) -> tuple[str, str]:
+    """The cause and severity a fault report points to; an Xid's class decides when present."""
+    if xid is not None or fault_type == "gpu_xid":
+        klass = xid_class(xid)
+        if klass == HARDWARE:
+            return C.GPU, S.CRITICAL
+        if klass == APPLICATION:
+            return C.SOFTWARE, S.MAJOR
+        if fault_type == "gpu_xid":
+            return C.UNKNOWN, S.MAJOR
+    return FAULT_CAUSES.get(fault_type, (C.UNKNOWN, S.MAJOR))
+
+
+@dataclass
+class Signal:
+    client_id: str
+    kind: str
+    ts: float
+    attempt: int | None
+    node: str
+    rank: int | None
+    data: dict
+
+
+@dataclass
+class Episode:
+    attempt: int
+    signals: list[Signal] = field(default_factory=list)
+
+    @property
+    def initiating(self) -> Signal | None:
+        faults = [s for s in self.signals if s.kind == "fault"]
+        causes = [s for s in faults if s.data.get("type") not in SYMPTOM_TYPES]
+        return (causes or faults or [None])[0]
+
+    @property
+    def failed_end(self) -> Signal | None:
+        ends = [s for s in self.signals if s.kind == "attempt_ended"]
+        return next((s for s in ends if s.data.get("reason") in FAILED_ENDS), None)
+
+
+def _launch_at(starts: list[tuple[float, int]], ts: float) -> int | None:
+    """The launch running at `ts`: the latest one started by then."""
+    number = None
+    for start, n in starts:
+        if start <= ts:
+            number = n
+    return number
+
+
+def find_episodes(job: TrainingJob) -> list[Episode]:
+    rows = (
+        Event.objects.filter(job=job, kind__in=("fault", "attempt_ended", "attempt_started"))
+        .order_by("ts", "id")
+        .values_list("client_id", "kind", "ts", "attempt", "node", "rank", "data")
+    )
+    starts: list[tuple[float, int]] = []
+    signals_: list[Signal] = []
+    for row in rows:
+        s = Signal(*row)
+        if s.kind == "attempt_started":
+            starts.append((s.ts, s.attempt))
+        else:
+            signals_.append(s)
+    starts.sort()
+    episodes: dict[int, Episode] = {}
+    for s in signals_:
+        attempt = s.attempt if s.attempt is not None else _launch_at(starts, s.ts)
+        if attempt is None:
+            continue  # a node's fault while none of this job's launches ran
+        episodes.setdefault(attempt, Episode(attempt)).signals.append(s)
+    return [
+        e
+        for _, e in sorted(episodes.items())
+        if e.initiating is not None or e.failed_end is not None
+    ]
+
+
+def _episode_fields(episode: Episode) -> dict:
+    first = episode.initiating
+    if first is not None:
+        fault_type = first.data.get("type", "other")
+        xid = first.data.get("xid")
+        cause, severity = fault_cause(fault_type, xid)
+        where = f" on {first.node}" if first.node else ""
+        rank = f" rank {first.rank}" if first.rank is not None else ""
+        summary = f"{fault_type}{f' (Xid {xid})' if xid is not None else ''}{where}{rank}"
+        nodes = [first.node] if first.node else []
+        ranks = [first.rank] if first.rank is not None else []
+    else:
+        first = episode.failed_end
+        fault_type, xid = "crash", None
+        cause, severity = C.UNKNOWN, S.MAJOR
+        summary = (
+            f"launch {episode.attempt} ended {first.data.get('reason')} with no fault reported"
+        )
+        nodes, ranks = [], []
+    return {
+        "attempt": episode.attempt,
+        "cause": cause,
+        "fault_type": fault_type,
+        "xid": xid,
+        "severity": severity,
+        "summary": summary[:300],
+        "ranks": ranks,
+        "evidence": [s.client_id for s in episode.signals],
+        "fault_at": dt(first.ts),
+        "detected_at": dt(first.ts),
+        "_nodes": nodes,
+    }
+
+
+def incidents_detect(*, job: TrainingJob) -> list[Incident]:
+    """Open or update the job's incidents from its fault reports and launch ends.
+
+    Returns the incidents that were opened or changed by this pass.
+    """
+    changed: list[tuple[Incident, str]] = []
+    with transaction.atomic():
+        TrainingJob.objects.select_for_update().filter(pk=job.pk).first()
+        existing = {
+            (i.detector, i.episode): i
+            for i in Incident.objects.filter(job=job, detector=LAUNCH_FAULT).prefetch_related(
+                "nodes"
+            )
+        }
+        for episode in find_episodes(job):
+            fields = _episode_fields(episode)
+            node_names = fields.pop("_nodes")
+            key = (LAUNCH_FAULT, f"launch-{episode.attempt}")
+            incident = existing.get(key)
+            if incident is None:
+                incident = Incident.objects.create(
+                    job=job, cluster_id=job.cluster_id, detector=key[0], episode=key[1], **fields
+                )
+                _set_nodes(incident, job, node_names)
+                _timeline_for_new(incident, episode)
+                changed.append((incident, "opened"))
+                continue
+            new_evidence = [c for c in fields["evidence"] if c not in set(incident.evidence)]
+            updates = {k: v for k, v in fields.items() if getattr(incident, k) != v}
+            if updates:
+                for k, v in updates.items():
+                    setattr(incident, k, v)
+                incident.save(update_fields=list(updates))
+                _set_nodes(incident, job, node_names)
+                for s in episode.signals:
+                    if s.client_id in new_evidence:
+                        _signal_entry(incident, s)
+                changed.append((incident, "updated"))
+        _announce(changed)
+    return [i for i, _ in changed]
+
+
+def _set_nodes(incident: Incident, job: TrainingJob, names: list[str]) -> None:
+    if names:
+        incident.nodes.set(Node.objects.filter(cluster_id=job.cluster_id, name__in=names))
+    else:
+        incident.nodes.clear()
+
+
+def _signal_entry(incident: Incident, s: Signal) -> None:
+    what = s.data.get("type") if s.kind == "fault" else f"launch ended {s.data.get('reason')}"
+    where = " ".join(x for x in (s.node, f"rank {s.rank}" if s.rank is not None else "") if x)
+    TimelineEntry.objects.create(
+        incident=incident,
+        kind=TimelineEntry.Kind.SIGNAL,
+        at=dt(s.ts),
+        actor=f"job:{incident.job.key}",
+        source=s.kind,
+        message=f"{what}{f' ({where})' if where else ''}",
+        data={"event": s.client_id, **s.data},
+    )
+
+
+def _timeline_for_new(incident: Incident, episode: Episode) -> None:
+    for s in episode.signals:
+        _signal_entry(incident, s)
+    TimelineEntry.objects.create(
+        incident=incident,
+        kind=TimelineEntry.Kind.DETECTION,
+        at=incident.detected_at,
+        actor=f"detector:{LAUNCH_FAULT}",
+        source="rebound",
+        message=f"Opened: {incident.summary} ({incident.cause}, {incident.severity})",
+    )
+
+
+def _announce(changed: list[tuple[Incident, str]]) -> None:
+    for incident, what in changed:
+        signal = signals.incident_opened if what == "opened" else signals.incident_updated
+        transaction.on_commit(
+            lambda s=signal, i=incident: s.send(sender=Incident, incident=i), robust=True
+        )
+
+
+# --- figures -------------------------------------------------------------------
+
+
+def incidents_update_figures(*, job: TrainingJob) -> list[Incident]:
+    """Times to resume and recover, and lost GPU-seconds, of the job's incidents.
+
+    All of them, recovered or not: events may arrive late and out of order, and
+    the figures follow what is stored.
+    """
+    pending = list(Incident.objects.filter(job=job).exclude(attempt=None))
+    if not pending:
+        return []
+    steps = load_steps(job.id)
+    ledger = compute_ledger(job.key, load_lifecycle(job.id), steps, last_event_ts=job.last_event_ts)
+    order = {launch.number: k for k, launch in enumerate(ledger.launches)}
+    changed = []
+    with transaction.atomic():
+        for incident in pending:
+            k = order.get(incident.attempt)
+            if k is None:
+                continue
+            updates = _figures(incident, ledger.launches, k, steps)
+            updates = {f: v for f, v in updates.items() if getattr(incident, f) != v}
+            if not updates:
+                continue
+            recovered_now = "recovered_at" in updates and incident.state in (
+                Incident.State.OPEN,
+                Incident.State.MITIGATING,
+            )
+            for f, v in updates.items():
+                setattr(incident, f, v)
+            if recovered_now:
+                _change_state(
+                    incident,
+                    Incident.State.RECOVERED,
+                    actor="rebound",
+                    why=("training passed the highest step reached before the fault"),
+                    at=incident.recovered_at,
+                )
+                updates["state"] = incident.state
+            incident.save(update_fields=list(updates))
+            signal = signals.incident_recovered if recovered_now else signals.incident_updated
+            transaction.on_commit(
+                lambda s=signal, i=incident: s.send(sender=Incident, incident=i), robust=True
+            )
+            changed.append(incident)
+    return changed
+
+
+def _figures(incident: Incident, launches, k: int, steps) -> dict:
+    failed = launches[k]
+    nxt = launches[k + 1] if k + 1 < len(launches) else None
+    fault_ts = incident.fault_at.timestamp()
+    later = {launch.number for launch in launches[k + 1 :]}
+
+    resumed_at = recovered_at = None
+    if len(steps.ts) and later:
+        in_later = np.isin(steps.attempt, list(later))
+        if in_later.any():
+            resumed_at = dt(float(steps.ts[in_later].min()))
+            before = steps.ts <= fault_ts
+            highest = int(steps.step[before].max()) if before.any() else -1
+            beyond = in_later & (steps.step > highest)
+            if beyond.any():
+                recovered_at = dt(float(steps.ts[beyond].min()))
+
+    ws = failed.world_size
+    breakdown = {
+        "wasted_progress": failed.categories["wasted_progress"] * ws,
+        "stalled": failed.categories["stalled"] * ws,
+        "downtime": failed.gap_after_s * ws,
+        "startup": (nxt.categories["startup"] * nxt.world_size) if nxt else 0.0,
+        "checkpoint_restore": (nxt.categories["checkpoint_restore"] * nxt.world_size)
+        if nxt
+        else 0.0,
+    }
+    return {
+        "resumed_at": resumed_at,
+        "recovered_at": recovered_at,
+        "lost_breakdown": breakdown,
+        "lost_gpu_seconds": sum(breakdown.values()),
+    }
+
+
+def _change_state(incident: Incident, to: str, *, actor: str, why: str, at=None) -> None:
+    TimelineEntry.objects.create(
+        incident=incident,
+        kind=TimelineEntry.Kind.STATE_CHANGE,
+        at=at or timezone.now(),
+        actor=actor,
+        source="rebound",
+        message=f"{incident.state} → {to}: {why}",
+        data={"from": incident.state, "to": to},
+    )
+    incident.state = to
+
+
+def incident_resolve(*, incident: Incident, actor: str, note: str = "") -> Incident:
+    """Close an incident; resolving it again changes nothing."""
+    with transaction.atomic():
+        incident = Incident.objects.select_for_update().get(pk=incident.pk)
+        if incident.state == Incident.State.RESOLVED:
+            return incident
+        now = timezone.now()
+        _change_state(
+            incident, Incident.State.RESOLVED, actor=actor, why=note or "resolved", at=now
+        )
+        incident.resolved_at = now
+        incident.save(update_fields=["state", "resolved_at"])
+        transaction.on_commit(
+            lambda: signals.incident_resolved.send(sender=Incident, incident=incident), robust=True
+        )
+    return incident
+
+
+def incident_update_notes(
+    *, incident: Incident, actor: str, root_cause: str | None = None, postmortem: str | None = None
+) -> Incident:
+    changes = {}
+    if root_cause is not None and root_cause != incident.root_cause:
+        changes["root_cause"] = root_cause
+    if postmortem is not None and postmortem != incident.postmortem:
+        changes["postmortem"] = postmortem
+    if not changes:
+        return incident
+    with transaction.atomic():
+        for f, v in changes.items():
+            setattr(incident, f, v)
+        incident.save(update_fields=list(changes))
+        TimelineEntry.objects.create(
+            incident=incident,
+            kind=TimelineEntry.Kind.NOTE,
+            at=timezone.now(),
+            actor=actor,
+            source="console",
+            message="Edited " + " and ".join(f.replace("_", " ") for f in changes),
+            data=changes,
+        )
+    return incident

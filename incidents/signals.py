@@ -1,0 +1,19 @@
+"""What the incidents app announces, for the apps to its right (recovery) to react to.
+
+Each is sent after the change is committed, with `sender=Incident` and
+`incident=<Incident>`:
+
+- `incident_opened`: a new incident (one fault episode) was opened;
+- `incident_updated`: its cause, nodes, evidence or figures changed;
+- `incident_recovered`: training regained the progress lost to it;
+- `incident_resolved`: a person (or a policy) closed it.
+
+`incidents` never imports `recovery`; recovery subscribes to these.
+"""
+
+from django.dispatch import Signal
+
+incident_opened = Signal()
+incident_updated = Signal()
+incident_recovered = Signal()
+incident_resolved = Signal()
