@@ -14,8 +14,9 @@ from rest_framework.views import APIView
 from console.exceptions import ApiError
 from jobs import selectors, services
 from jobs.api import serializers as s
+from jobs.api.params import choice_param, time_param
 from jobs.models import TrainingJob
-from jobs.wire import WireError, parse_body, parse_ts, validate_events
+from jobs.wire import WireError, parse_body, validate_events
 
 
 def _read_body(request) -> bytes:
@@ -128,14 +129,7 @@ class JobListView(JobViewMixin, generics.ListAPIView):
 
     def get_queryset(self):
         params = self.request.query_params
-        status_ = params.get("status")
-        if status_ and status_ not in TrainingJob.Status.values:
-            raise ApiError(
-                400,
-                "invalid_parameter",
-                f"status must be one of {', '.join(TrainingJob.Status.values)}.",
-                field="status",
-            )
+        status_ = choice_param(self.request, "status", TrainingJob.Status.values)
         return selectors.job_list(cluster=params.get("cluster"), status=status_)
 
     def paginate_queryset(self, queryset):
@@ -157,24 +151,6 @@ class JobDetailView(JobViewMixin, generics.RetrieveAPIView):
         return job
 
 
-def _time_param(request, name: str) -> float | None:
-    value = request.query_params.get(name)
-    if value in (None, ""):
-        return None
-    try:
-        ts = parse_ts(float(value))
-    except ValueError:  # not a number: RFC 3339 (a '+' in a query string may arrive as ' ')
-        ts = parse_ts(value.replace(" ", "+"))
-    if ts is None:
-        raise ApiError(
-            400,
-            "invalid_parameter",
-            f"{name} must be unix seconds or an RFC 3339 time with an offset.",
-            field=name,
-        )
-    return ts
-
-
 def _job(key: str) -> TrainingJob:
     return get_object_or_404(TrainingJob.objects.select_related("cluster"), key=key)
 
@@ -192,7 +168,7 @@ class JobGoodputView(APIView):
         responses=s.GoodputSerializer,
     )
     def get(self, request, key):
-        start, end = _time_param(request, "start"), _time_param(request, "end")
+        start, end = time_param(request, "start"), time_param(request, "end")
         if start is not None and end is not None and end < start:
             raise ApiError(400, "invalid_parameter", "end must not be before start.", field="end")
         job = _job(key)

@@ -1,0 +1,11 @@
+from django.urls import path
+
+from incidents.api import views
+
+urlpatterns = [
+    path("incidents/", views.IncidentListView.as_view(), name="incident-list"),
+    path("incidents/<int:pk>", views.IncidentDetailView.as_view(), name="incident-detail"),
+    path(
+        "incidents/<int:pk>/resolve", views.IncidentResolveView.as_view(), name="incident-resolve"
+    ),
+]
