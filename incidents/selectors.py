@@ -1,6 +1,9 @@
 """Reads of the incidents app."""
 
-from django.db.models import Prefetch, QuerySet
+from datetime import timedelta
+
+from django.db.models import Count, Prefetch, Q, QuerySet
+from django.utils import timezone
 
 from incidents.models import Incident, TimelineEntry
 from jobs.models import Node
@@ -40,3 +43,76 @@ def incident_detail(*, pk: int) -> Incident | None:
         .filter(pk=pk)
         .first()
     )
+
+
+REPEAT_OFFENDER_MIN = 3  # incidents in the period that make a node a repeat offender
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    """The q-quantile (0..1) by linear interpolation, as numpy's default."""
+    if not values:
+        return None
+    values = sorted(values)
+    pos = (len(values) - 1) * q
+    lo, hi = int(pos), min(int(pos) + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+
+
+def _summary(values: list[float]) -> dict:
+    return {
+        "count": len(values),
+        "mean_s": sum(values) / len(values) if values else None,
+        "p50_s": _percentile(values, 0.5),
+        "p90_s": _percentile(values, 0.9),
+    }
+
+
+def reliability(*, cluster: str | None, start, end) -> dict:
+    """Failures in [start, end): by cause, MTBF, times to resume and recover, lost
+    GPU-hours by cause, and the nodes in several of them."""
+    incidents = list(incident_list(cluster=cluster, since=start, until=end))
+    total = len(incidents)
+    by_cause: dict[str, dict] = {}
+    for i in incidents:
+        c = by_cause.setdefault(i.cause, {"count": 0, "lost_gpu_hours": 0.0})
+        c["count"] += 1
+        c["lost_gpu_hours"] += i.lost_gpu_hours
+    for c in by_cause.values():
+        c["share"] = c["count"] / total
+    node_counts: dict[str, int] = {}
+    for i in incidents:
+        for n in i.nodes.all():
+            node_counts[n.name] = node_counts.get(n.name, 0) + 1
+    period_s = (end - start).total_seconds()
+    return {
+        "cluster": cluster,
+        "start": start,
+        "end": end,
+        "failures": total,
+        "mtbf_s": period_s / total if total else None,
+        "by_cause": dict(sorted(by_cause.items(), key=lambda kv: -kv[1]["count"])),
+        "time_to_resume": _summary([i.time_to_resume_s for i in incidents if i.resumed_at]),
+        "time_to_recover": _summary([i.time_to_recover_s for i in incidents if i.recovered_at]),
+        "lost_gpu_hours": sum(i.lost_gpu_hours for i in incidents),
+        "repeat_offenders": [
+            {"node": name, "incidents": n}
+            for name, n in sorted(node_counts.items(), key=lambda kv: (-kv[1], kv[0]))
+            if n >= REPEAT_OFFENDER_MIN
+        ],
+    }
+
+
+def node_list(*, cluster: str | None = None, state: str | None = None, now=None):
+    """Nodes with their incidents in the last 7 and 30 days (by fault time)."""
+    now = now or timezone.now()
+    qs = Node.objects.select_related("cluster").annotate(
+        incidents_7d=Count("incidents", filter=Q(incidents__fault_at__gte=now - timedelta(days=7))),
+        incidents_30d=Count(
+            "incidents", filter=Q(incidents__fault_at__gte=now - timedelta(days=30))
+        ),
+    )
+    if cluster:
+        qs = qs.filter(cluster__name=cluster)
+    if state:
+        qs = qs.filter(state=state)
+    return qs.order_by("cluster__name", "name")

@@ -72,3 +72,44 @@ class IncidentNotesSerializer(serializers.Serializer):
 
 class IncidentResolveSerializer(serializers.Serializer):
     note = serializers.CharField(required=False, allow_blank=True, max_length=2000)
+
+
+class CauseFiguresSerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    share = serializers.FloatField()
+    lost_gpu_hours = serializers.FloatField()
+
+
+class DurationSummarySerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    mean_s = serializers.FloatField(allow_null=True)
+    p50_s = serializers.FloatField(allow_null=True)
+    p90_s = serializers.FloatField(allow_null=True)
+
+
+class RepeatOffenderSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    incidents = serializers.IntegerField()
+
+
+class ReliabilitySerializer(serializers.Serializer):
+    cluster = serializers.CharField(allow_null=True)
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    failures = serializers.IntegerField()
+    mtbf_s = serializers.FloatField(allow_null=True, help_text="period / failures")
+    by_cause = serializers.DictField(child=CauseFiguresSerializer())
+    time_to_resume = DurationSummarySerializer()
+    time_to_recover = DurationSummarySerializer()
+    lost_gpu_hours = serializers.FloatField()
+    repeat_offenders = RepeatOffenderSerializer(many=True)
+
+
+class NodeSerializer(serializers.Serializer):
+    cluster = serializers.CharField(source="cluster.name")
+    name = serializers.CharField()
+    state = serializers.CharField()
+    gpus = serializers.IntegerField(allow_null=True)
+    last_heartbeat_at = serializers.DateTimeField(allow_null=True)
+    incidents_7d = serializers.IntegerField()
+    incidents_30d = serializers.IntegerField()

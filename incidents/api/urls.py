@@ -8,4 +8,6 @@ urlpatterns = [
     path(
         "incidents/<int:pk>/resolve", views.IncidentResolveView.as_view(), name="incident-resolve"
     ),
+    path("reliability", views.ReliabilityView.as_view(), name="reliability"),
+    path("nodes/", views.NodeListView.as_view(), name="node-list"),
 ]

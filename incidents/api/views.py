@@ -1,15 +1,20 @@
 """The incidents API: list and detail for viewers; resolve and notes for operators."""
 
+from datetime import timedelta
+
 from django.http import Http404
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from console.exceptions import ApiError
 from incidents import selectors, services
 from incidents.api import serializers as s
 from incidents.models import Incident
 from jobs.api.params import choice_param, time_param
+from jobs.models import Node
 from jobs.services import dt
 
 
@@ -84,3 +89,43 @@ class IncidentResolveView(APIView):
             incident=incident, actor=_actor(request), note=form.validated_data.get("note", "")
         )
         return Response(s.IncidentDetailSerializer(_incident(pk)).data)
+
+
+RELIABILITY_DEFAULT_DAYS = 30
+
+
+class ReliabilityView(APIView):
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("cluster", str),
+            OpenApiParameter("start", str, description="default: 30 days before end"),
+            OpenApiParameter("end", str, description="default: now"),
+        ],
+        responses=s.ReliabilitySerializer,
+    )
+    def get(self, request):
+        end = _when(request, "end") or timezone.now()
+        start = _when(request, "start") or end - timedelta(days=RELIABILITY_DEFAULT_DAYS)
+        if end <= start:
+            raise ApiError(400, "invalid_parameter", "end must be after start.", field="end")
+        figures = selectors.reliability(
+            cluster=request.query_params.get("cluster") or None, start=start, end=end
+        )
+        return Response(s.ReliabilitySerializer(figures).data)
+
+
+@extend_schema(
+    parameters=[
+        OpenApiParameter("cluster", str),
+        OpenApiParameter("state", str, enum=Node.State.values),
+    ]
+)
+class NodeListView(generics.ListAPIView):
+    serializer_class = s.NodeSerializer
+
+    def get_queryset(self):
+        r = self.request
+        return selectors.node_list(
+            cluster=r.query_params.get("cluster") or None,
+            state=choice_param(r, "state", Node.State.values),
+        )
