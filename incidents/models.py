@@ -122,3 +122,47 @@ class TimelineEntry(models.Model):
 
     def __str__(self):
         return f"{self.incident_id} {self.kind} {self.at}"
+
+
+class DetectorSetting(models.Model):
+    """A detector's parameter for one cluster, or one job (which wins), set at run time.
+
+    Detectors read it on every pass (see incidents.settings), so a change
+    takes effect without restarting anything.
+    """
+
+    cluster = models.ForeignKey(
+        Cluster, on_delete=models.CASCADE, null=True, blank=True, related_name="detector_settings"
+    )
+    job = models.ForeignKey(
+        TrainingJob,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="detector_settings",
+    )
+    name = models.CharField(max_length=64)
+    value = models.JSONField()
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "name"],
+                condition=Q(job=None),
+                name="detector_setting_one_per_cluster",
+            ),
+            models.UniqueConstraint(
+                fields=["job", "name"],
+                condition=Q(job__isnull=False),
+                name="detector_setting_one_per_job",
+            ),
+            models.CheckConstraint(
+                condition=Q(cluster__isnull=False) | Q(job__isnull=False),
+                name="detector_setting_has_a_scope",
+            ),
+        ]
+
+    def __str__(self):
+        scope = f"job {self.job_id}" if self.job_id else f"cluster {self.cluster_id}"
+        return f"{self.name}={self.value} ({scope})"

@@ -22,9 +22,10 @@ from django.utils import timezone
 
 from incidents import signals
 from incidents.models import Incident, TimelineEntry
+from incidents.settings import detector_settings
 from incidents.xid import APPLICATION, HARDWARE, xid_class
 from jobs.accounting import compute_ledger, load_lifecycle, load_steps
-from jobs.models import Event, Node, TrainingJob
+from jobs.models import Checkpoint, Event, Node, TrainingJob
 
 LAUNCH_FAULT = "launch_fault"
 SYMPTOM_TYPES = frozenset({"nccl_timeout"})
@@ -163,8 +164,137 @@ def _episode_fields(episode: Episode) -> dict:
     }
 
 
+@dataclass
+class Finding:
+    """What a detector found: one episode, as the incident's fields and its signals."""
+
+    detector: str
+    episode: str
+    fields: dict
+    nodes: list[str]
+    signals: list[Signal]
+
+
+def _launch_findings(job: TrainingJob) -> list[Finding]:
+    findings = []
+    for episode in find_episodes(job):
+        fields = _episode_fields(episode)
+        nodes = fields.pop("_nodes")
+        findings.append(
+            Finding(LAUNCH_FAULT, f"launch-{episode.attempt}", fields, nodes, episode.signals)
+        )
+    return findings
+
+
+CRASH_LOOP = "crash_loop"
+
+
+@dataclass
+class LaunchRecord:
+    number: int
+    start: float
+    started: Signal
+    end: float | None = None
+    reason: str = ""
+    restored: int = 0  # the checkpoint step it resumed from
+    best_saved: int | None = None  # the highest durable checkpoint it saved
+
+    @property
+    def progressed(self) -> bool:
+        """Completed, or saved a durable checkpoint past the one it started from."""
+        return self.reason == "completed" or (
+            self.best_saved is not None and self.best_saved > self.restored
+        )
+
+
+def _launch_records(job: TrainingJob) -> list[LaunchRecord]:
+    rows = (
+        Event.objects.filter(
+            job=job,
+            kind__in=("attempt_started", "attempt_ended", "checkpoint_loaded", "checkpoint_saved"),
+        )
+        .order_by("ts", "id")
+        .values_list("client_id", "kind", "ts", "attempt", "node", "rank", "data")
+    )
+    records: dict[int, LaunchRecord] = {}
+    later: list[Signal] = []
+    for row in rows:
+        sig = Signal(*row)
+        if sig.kind == "attempt_started":
+            if sig.attempt not in records:
+                records[sig.attempt] = LaunchRecord(sig.attempt, sig.ts, sig)
+        else:
+            later.append(sig)
+    for sig in later:
+        r = records.get(sig.attempt)
+        if r is None:
+            continue
+        d = sig.data
+        if sig.kind == "attempt_ended" and r.end is None:
+            r.end, r.reason = sig.ts, d.get("reason", "")
+        elif sig.kind == "checkpoint_loaded":
+            r.restored = d["step"]
+        elif sig.kind == "checkpoint_saved" and d.get("tier") not in Checkpoint.NON_DURABLE_TIERS:
+            r.best_saved = max(d["step"], r.best_saved or d["step"])
+    return sorted(records.values(), key=lambda r: (r.start, r.number))
+
+
+def _crash_loop_findings(job: TrainingJob, launch_findings: list[Finding]) -> list[Finding]:
+    """Launches in a storm (N within a window), or N in a row that never advance the
+    checkpoint: restarting will not fix it. One finding per loop; a launch that
+    completes or advances the checkpoint ends the loop."""
+    cfg = detector_settings(job)
+    storm_n, window = int(cfg["crash_loop.launches"]), float(cfg["crash_loop.window_s"])
+    stuck_n = int(cfg["crash_loop.no_progress_launches"])
+    causes = {f.fields["attempt"]: f.fields["cause"] for f in launch_findings}
+    records = _launch_records(job)
+
+    loops: list[tuple[list[LaunchRecord], float, str]] = []
+    current: tuple[list[LaunchRecord], float, str] | None = None
+    stuck = 0
+    for i, r in enumerate(records):
+        if current is not None:
+            if r.progressed:
+                loops.append(current)
+                current, stuck = None, 0
+            else:
+                current[0].append(r)
+            continue
+        recent = [x for x in records[: i + 1] if x.start >= r.start - window]
+        if len(recent) >= storm_n:
+            why = f"{len(recent)} launches within {window / 60:.0f} min"
+            current = (recent, r.start, why)
+        stuck = 0 if r.progressed or r.end is None else stuck + 1
+        if current is None and stuck >= stuck_n:
+            why = f"{stuck} launches in a row ended without advancing the checkpoint"
+            current = (records[i - stuck + 1 : i + 1], r.end, why)
+    if current is not None:
+        loops.append(current)
+
+    findings = []
+    for members, detected, why in loops:
+        first = members[0]
+        member_causes = [causes[m.number] for m in members if m.number in causes]
+        cause = max(set(member_causes), key=member_causes.count) if member_causes else C.UNKNOWN
+        fields = {
+            "attempt": None,
+            "cause": cause,
+            "fault_type": "crash_loop",
+            "xid": None,
+            "severity": S.CRITICAL,
+            "summary": f"crash loop from launch {first.number}: {why}"[:300],
+            "ranks": [],
+            "evidence": [m.started.client_id for m in members],
+            "fault_at": dt(first.start),
+            "detected_at": dt(detected),
+        }
+        signals_ = [m.started for m in members]
+        findings.append(Finding(CRASH_LOOP, f"loop-{first.number}", fields, [], signals_))
+    return findings
+
+
 def incidents_detect(*, job: TrainingJob) -> list[Incident]:
-    """Open or update the job's incidents from its fault reports and launch ends.
+    """Open or update the job's incidents from what it reported (faults, launches).
 
     Returns the incidents that were opened or changed by this pass.
     """
@@ -173,33 +303,34 @@ def incidents_detect(*, job: TrainingJob) -> list[Incident]:
         TrainingJob.objects.select_for_update().filter(pk=job.pk).first()
         existing = {
             (i.detector, i.episode): i
-            for i in Incident.objects.filter(job=job, detector=LAUNCH_FAULT).prefetch_related(
-                "nodes"
-            )
+            for i in Incident.objects.filter(job=job).prefetch_related("nodes")
         }
-        for episode in find_episodes(job):
-            fields = _episode_fields(episode)
-            node_names = fields.pop("_nodes")
-            key = (LAUNCH_FAULT, f"launch-{episode.attempt}")
-            incident = existing.get(key)
+        findings = _launch_findings(job)
+        findings += _crash_loop_findings(job, findings)
+        for finding in findings:
+            incident = existing.get((finding.detector, finding.episode))
             if incident is None:
                 incident = Incident.objects.create(
-                    job=job, cluster_id=job.cluster_id, detector=key[0], episode=key[1], **fields
+                    job=job,
+                    cluster_id=job.cluster_id,
+                    detector=finding.detector,
+                    episode=finding.episode,
+                    **finding.fields,
                 )
-                _set_nodes(incident, job, node_names)
-                _timeline_for_new(incident, episode)
+                _set_nodes(incident, job, finding.nodes)
+                _timeline_for_new(incident, finding.signals)
                 changed.append((incident, "opened"))
                 continue
-            new_evidence = [c for c in fields["evidence"] if c not in set(incident.evidence)]
-            updates = {k: v for k, v in fields.items() if getattr(incident, k) != v}
+            known = set(incident.evidence)
+            updates = {k: v for k, v in finding.fields.items() if getattr(incident, k) != v}
             if updates:
                 for k, v in updates.items():
                     setattr(incident, k, v)
                 incident.save(update_fields=list(updates))
-                _set_nodes(incident, job, node_names)
-                for s in episode.signals:
-                    if s.client_id in new_evidence:
-                        _signal_entry(incident, s)
+                _set_nodes(incident, job, finding.nodes)
+                for sig in finding.signals:
+                    if sig.client_id not in known:
+                        _signal_entry(incident, sig)
                 changed.append((incident, "updated"))
         _announce(changed)
     return [i for i, _ in changed]
@@ -213,7 +344,12 @@ def _set_nodes(incident: Incident, job: TrainingJob, names: list[str]) -> None:
 
 
 def _signal_entry(incident: Incident, s: Signal) -> None:
-    what = s.data.get("type") if s.kind == "fault" else f"launch ended {s.data.get('reason')}"
+    if s.kind == "fault":
+        what = s.data.get("type")
+    elif s.kind == "attempt_ended":
+        what = f"launch {s.attempt} ended {s.data.get('reason')}"
+    else:
+        what = f"launch {s.attempt} started"
     where = " ".join(x for x in (s.node, f"rank {s.rank}" if s.rank is not None else "") if x)
     TimelineEntry.objects.create(
         incident=incident,
@@ -226,14 +362,14 @@ def _signal_entry(incident: Incident, s: Signal) -> None:
     )
 
 
-def _timeline_for_new(incident: Incident, episode: Episode) -> None:
-    for s in episode.signals:
-        _signal_entry(incident, s)
+def _timeline_for_new(incident: Incident, signals_: list[Signal]) -> None:
+    for sig in signals_:
+        _signal_entry(incident, sig)
     TimelineEntry.objects.create(
         incident=incident,
         kind=TimelineEntry.Kind.DETECTION,
         at=incident.detected_at,
-        actor=f"detector:{LAUNCH_FAULT}",
+        actor=f"detector:{incident.detector}",
         source="rebound",
         message=f"Opened: {incident.summary} ({incident.cause}, {incident.severity})",
     )

@@ -1,0 +1,43 @@
+from django.contrib import admin
+
+from incidents.models import DetectorSetting, Incident, TimelineEntry
+
+
+class TimelineInline(admin.TabularInline):
+    model = TimelineEntry
+    extra = 0
+    fields = ["at", "kind", "actor", "message"]
+    readonly_fields = fields
+    can_delete = False
+
+
+@admin.register(Incident)
+class IncidentAdmin(admin.ModelAdmin):
+    list_display = ["id", "job", "cause", "severity", "state", "fault_at", "lost_gpu_seconds"]
+    list_filter = ["cluster", "cause", "state", "severity", "detector"]
+    search_fields = ["job__key", "summary"]
+    readonly_fields = [
+        "job",
+        "cluster",
+        "detector",
+        "episode",
+        "attempt",
+        "fault_at",
+        "detected_at",
+        "opened_at",
+        "resumed_at",
+        "recovered_at",
+        "resolved_at",
+        "lost_gpu_seconds",
+        "lost_breakdown",
+        "evidence",
+    ]
+    inlines = [TimelineInline]
+
+
+@admin.register(DetectorSetting)
+class DetectorSettingAdmin(admin.ModelAdmin):
+    """Detector parameters per cluster or job; detectors read them on every pass."""
+
+    list_display = ["name", "value", "cluster", "job", "updated_at"]
+    list_filter = ["name", "cluster"]

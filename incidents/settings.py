@@ -1,0 +1,29 @@
+"""Detector parameters: the defaults, overridden per cluster and per job at run time.
+
+A job's own DetectorSetting wins over its cluster's, which wins over the
+default here. Values are read on every detection pass.
+"""
+
+from incidents.models import DetectorSetting
+from jobs.models import TrainingJob
+
+DEFAULTS: dict[str, float | int] = {
+    # Crash loop (NVRx's nvrx-watch): this many launches within the window is a
+    # restart storm; this many ended launches in a row that never advanced the
+    # checkpoint is a loop that restarting will not fix.
+    "crash_loop.launches": 5,
+    "crash_loop.window_s": 1800,
+    "crash_loop.no_progress_launches": 3,
+}
+
+
+def detector_settings(job: TrainingJob) -> dict[str, float | int]:
+    """All parameters in force for `job`."""
+    values = dict(DEFAULTS)
+    rows = DetectorSetting.objects.filter(cluster_id=job.cluster_id, job=None).values_list(
+        "name", "value"
+    )
+    values.update({n: v for n, v in rows if n in DEFAULTS})
+    rows = DetectorSetting.objects.filter(job=job).values_list("name", "value")
+    values.update({n: v for n, v in rows if n in DEFAULTS})
+    return values
