@@ -1,12 +1,13 @@
 """Reads of the incidents app."""
 
 from datetime import timedelta
+from statistics import median
 
-from django.db.models import Count, Prefetch, Q, QuerySet
+from django.db.models import Count, Min, Prefetch, Q, QuerySet
 from django.utils import timezone
 
 from incidents.models import Incident, TimelineEntry
-from jobs.models import Node
+from jobs.models import Attempt, Node, RankWindow
 
 
 def incident_list(
@@ -116,3 +117,61 @@ def node_list(*, cluster: str | None = None, state: str | None = None, now=None)
     if state:
         qs = qs.filter(state=state)
     return qs.order_by("cluster__name", "name")
+
+
+SLOW_SCORE = 0.75  # below this a rank is slow (NVIDIA's resiliency extension's threshold)
+
+
+def job_rank_scores(*, job) -> dict:
+    """The latest complete window of the job's current launch, scored per rank.
+
+    `peer_score` = the median of all ranks' compute time in the window / this
+    rank's; `self_score` = this rank's best compute time in the launch / this
+    one's, relative to the median rank's (so a uniform slowdown scores 1).
+    Below 0.75 is slow. Reads O(ranks x windows of the launch), not the job.
+    """
+    attempt = job.attempts.exclude(started_at=None).order_by("-number").first()
+    if attempt is None:
+        attempt = Attempt.objects.filter(job=job).order_by("-number").first()
+    empty = {"job": job.key, "attempt": None, "first_step": None, "last_step": None, "ranks": []}
+    if attempt is None:
+        return empty
+    windows = RankWindow.objects.filter(job=job, attempt=attempt.number)
+    world = attempt.world_size
+    # The latest window every rank has reported.
+    per_window = windows.values("first_step").annotate(n=Count("rank")).order_by("-first_step")
+    if world:
+        per_window = per_window.filter(n__gte=world)
+    latest = per_window.first()
+    if latest is None:
+        return {**empty, "attempt": attempt.number}
+    rows = list(
+        windows.filter(first_step=latest["first_step"]).select_related("node").order_by("rank")
+    )
+    best = dict(windows.values("rank").annotate(best=Min("compute_s")).values_list("rank", "best"))
+    mid = median(r.compute_s for r in rows)
+    degradation = {r.rank: (best[r.rank] / r.compute_s if r.compute_s else 1.0) for r in rows}
+    mid_degradation = median(degradation.values()) or 1.0
+    ranks = []
+    for r in rows:
+        peer = mid / r.compute_s if r.compute_s else 1.0
+        own = degradation[r.rank] / mid_degradation
+        ranks.append(
+            {
+                "rank": r.rank,
+                "node": r.node.name if r.node else None,
+                "compute_s": r.compute_s,
+                "step_s": r.step_s,
+                "comm_wait_s": r.comm_wait_s,
+                "peer_score": peer,
+                "self_score": own,
+                "slow": peer < SLOW_SCORE or own < SLOW_SCORE,
+            }
+        )
+    return {
+        "job": job.key,
+        "attempt": attempt.number,
+        "first_step": latest["first_step"],
+        "last_step": rows[0].last_step,
+        "ranks": ranks,
+    }

@@ -113,3 +113,24 @@ class NodeSerializer(serializers.Serializer):
     last_heartbeat_at = serializers.DateTimeField(allow_null=True)
     incidents_7d = serializers.IntegerField()
     incidents_30d = serializers.IntegerField()
+
+
+class RankScoreSerializer(serializers.Serializer):
+    rank = serializers.IntegerField()
+    node = serializers.CharField(allow_null=True)
+    compute_s = serializers.FloatField()
+    step_s = serializers.FloatField()
+    comm_wait_s = serializers.FloatField(allow_null=True)
+    peer_score = serializers.FloatField(help_text="median compute of all ranks / this rank's")
+    self_score = serializers.FloatField(
+        help_text="this rank's best / current compute, relative to the median rank's"
+    )
+    slow = serializers.BooleanField(help_text="either score below 0.75")
+
+
+class JobRanksSerializer(serializers.Serializer):
+    job = serializers.CharField()
+    attempt = serializers.IntegerField(allow_null=True)
+    first_step = serializers.IntegerField(allow_null=True)
+    last_step = serializers.IntegerField(allow_null=True)
+    ranks = RankScoreSerializer(many=True)

@@ -14,7 +14,7 @@ from incidents import selectors, services
 from incidents.api import serializers as s
 from incidents.models import Incident
 from jobs.api.params import choice_param, time_param
-from jobs.models import Node
+from jobs.models import Node, TrainingJob
 from jobs.services import dt
 
 
@@ -129,3 +129,14 @@ class NodeListView(generics.ListAPIView):
             cluster=r.query_params.get("cluster") or None,
             state=choice_param(r, "state", Node.State.values),
         )
+
+
+class JobRanksView(APIView):
+    """The latest complete window of the job's current launch, scored per rank and node."""
+
+    @extend_schema(responses=s.JobRanksSerializer)
+    def get(self, request, key):
+        job = TrainingJob.objects.filter(key=key).first()
+        if job is None:
+            raise Http404("No such job.")
+        return Response(s.JobRanksSerializer(selectors.job_rank_scores(job=job)).data)
