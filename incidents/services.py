@@ -14,7 +14,6 @@ no fault reported is an episode of its own, until a fault for it arrives.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 import numpy as np
 from django.db import transaction
@@ -26,6 +25,7 @@ from incidents.settings import detector_settings
 from incidents.xid import APPLICATION, HARDWARE, xid_class
 from jobs.accounting import compute_ledger, load_lifecycle, load_steps
 from jobs.models import Checkpoint, Event, Node, TrainingJob
+from jobs.services import dt
 
 LAUNCH_FAULT = "launch_fault"
 SYMPTOM_TYPES = frozenset({"nccl_timeout"})
@@ -46,10 +46,6 @@ FAULT_CAUSES: dict[str, tuple[str, str]] = {
     "network": (C.NETWORK, S.MAJOR),
     "other": (C.UNKNOWN, S.MAJOR),
 }
-
-
-def dt(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, tz=UTC)
 
 
 def fault_cause(fault_type: str, xid: int | None) -> tuple[str, str]:
