@@ -3,21 +3,9 @@
 import pytest
 from rest_framework.test import APIClient
 
-from incidents import services
 from incidents.models import Incident
-from jobs.models import TrainingJob
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def incidents(ingest, sample):
-    events, _ = sample
-    ingest(events)
-    job = TrainingJob.objects.get(key="sample-small")
-    services.incidents_detect(job=job)
-    services.incidents_update_figures(job=job)
-    return list(Incident.objects.order_by("fault_at"))
 
 
 def test_list_has_the_contract_fields(personas, incidents):

@@ -6,24 +6,10 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from incidents import services
-from incidents.models import Incident
-from jobs.models import TrainingJob
-
 pytestmark = pytest.mark.django_db
 
 # The sample's faults fall between 2026-09-21T14:16 and 14:24 UTC.
 PERIOD = {"start": "2026-09-21T14:00:00Z", "end": "2026-09-21T15:00:00Z"}
-
-
-@pytest.fixture
-def incidents(ingest, sample):
-    events, _ = sample
-    ingest(events)
-    job = TrainingJob.objects.get(key="sample-small")
-    services.incidents_detect(job=job)
-    services.incidents_update_figures(job=job)
-    return list(Incident.objects.order_by("fault_at"))
 
 
 def test_reliability_of_the_sample(personas, incidents, sample):

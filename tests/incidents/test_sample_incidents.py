@@ -4,18 +4,10 @@ import random
 
 import pytest
 
-from incidents import services
 from incidents.models import Incident, TimelineEntry
-from jobs.models import TrainingJob
+from tests.incidents.conftest import detect
 
 pytestmark = pytest.mark.django_db
-
-
-def detect(key="sample-small"):
-    job = TrainingJob.objects.get(key=key)
-    services.incidents_detect(job=job)
-    services.incidents_update_figures(job=job)
-    return list(Incident.objects.filter(job=job).order_by("fault_at"))
 
 
 def assert_matches(incidents, expected):
@@ -37,7 +29,7 @@ def assert_matches(incidents, expected):
 def test_the_sample_gives_the_contract_incidents(ingest, sample):
     events, expected = sample
     assert ingest(events).status_code == 202
-    incidents = detect()
+    incidents = detect("sample-small")
     assert_matches(incidents, expected)
     crash, spike, xid = incidents
     assert (crash.cause, crash.severity) == (Incident.Cause.GPU, Incident.Severity.CRITICAL)
@@ -54,10 +46,10 @@ def test_shuffled_batches_and_a_second_pass_give_the_same_incidents(ingest, samp
     random.Random(3).shuffle(shuffled)
     for i in range(0, len(shuffled), 61):
         ingest(shuffled[i : i + 61])
-        detect()  # detection after every batch, as it runs live
+        detect("sample-small")  # detection after every batch, as it runs live
     ingest(events)  # and everything again
-    incidents = detect()
+    incidents = detect("sample-small")
     assert_matches(incidents, expected)
     entries = TimelineEntry.objects.count()
-    detect()
+    detect("sample-small")
     assert TimelineEntry.objects.count() == entries
