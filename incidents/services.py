@@ -13,6 +13,7 @@ no fault reported is an episode of its own, until a fault for it arrives.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,7 +24,7 @@ from incidents import signals
 from incidents.models import Incident, TimelineEntry
 from incidents.settings import detector_settings
 from incidents.xid import APPLICATION, HARDWARE, xid_class
-from jobs.accounting import compute_ledger, load_lifecycle, load_steps
+from jobs.accounting import build_launches, compute_ledger, load_lifecycle, load_steps
 from jobs.models import Checkpoint, Event, Node, TrainingJob
 from jobs.services import dt
 
@@ -63,13 +64,14 @@ def fault_cause(fault_type: str, xid: int | None) -> tuple[str, str]:
 
 @dataclass
 class Signal:
-    client_id: str
+    client_id: str  # the event's id, or "inferred:..." for what a detector inferred
     kind: str
     ts: float
     attempt: int | None
     node: str
     rank: int | None
     data: dict
+    detected_ts: float | None = None  # when an inferred fault's condition was met
 
 
 @dataclass
@@ -79,7 +81,7 @@ class Episode:
 
     @property
     def initiating(self) -> Signal | None:
-        faults = [s for s in self.signals if s.kind == "fault"]
+        faults = sorted((s for s in self.signals if s.kind == "fault"), key=lambda s: s.ts)
         causes = [s for s in faults if s.data.get("type") not in SYMPTOM_TYPES]
         return (causes or faults or [None])[0]
 
@@ -113,6 +115,7 @@ def find_episodes(job: TrainingJob) -> list[Episode]:
         else:
             signals_.append(s)
     starts.sort()
+    signals_ += hang_signals(job)
     episodes: dict[int, Episode] = {}
     for s in signals_:
         attempt = s.attempt if s.attempt is not None else _launch_at(starts, s.ts)
@@ -126,6 +129,102 @@ def find_episodes(job: TrainingJob) -> list[Episode]:
     ]
 
 
+# --- hangs -----------------------------------------------------------------------
+
+
+def hang_signals(job: TrainingJob) -> list[Signal]:
+    """A launch that made no step for longer than its learned timeout: a hang.
+
+    timeout = max(floor, factor x the longest step interval learned so far),
+    where the longest interval is this launch's own so far (its first steps
+    skipped: warm-up is slow) or, when larger, the smoothed longest of earlier
+    launches; a gap with a checkpoint save started in it gets an allowance more.
+    An interval found to be a hang is not learned from. On the job's clock: a
+    running launch's open tail runs to the job's latest event.
+    """
+    cfg = detector_settings(job)
+    factor, floor = float(cfg["hang.factor"]), float(cfg["hang.floor_s"])
+    skip, allowance = int(cfg["hang.skip_steps"]), float(cfg["hang.save_allowance_s"])
+    warmup = float(cfg["hang.warmup_timeout_s"])
+    alpha = float(cfg["hang.smoothing"])
+    steps = load_steps(job.id)
+    launches, finished = build_launches(load_lifecycle(job.id), steps)
+    order = np.lexsort((steps.seq, steps.ts, steps.attempt))
+    attempt_sorted = steps.attempt[order]
+    smoothed = 0.0  # the longest learned interval, smoothed across launches
+    found: list[Signal] = []
+    for k, launch in enumerate(launches):
+        nxt = launches[k + 1].start if k + 1 < len(launches) else None
+        stop = launch.end if launch.end is not None else (nxt or finished or job.last_event_ts)
+        if stop is None:
+            continue
+        i0 = int(np.searchsorted(attempt_sorted, launch.number, side="left"))
+        i1 = int(np.searchsorted(attempt_sorted, launch.number, side="right"))
+        ts = steps.ts[order[i0:i1]]
+        numbers = steps.step[order[i0:i1]]
+        save_starts = sorted(
+            v["started"] for v in launch.saves.values() if v.get("started") is not None
+        )
+        learned = 0.0
+        hang = None
+        # Each interval between steps, then the open tail to the launch's stop.
+        tail_open = launch.reason != "completed"
+        ends = list(ts[1:]) + ([stop] if tail_open and len(ts) else [])
+        for i, end in enumerate(ends):
+            begin = float(ts[i])
+            gap = float(end) - begin
+            baseline = max(learned, smoothed)
+            if baseline > 0 or i >= skip:
+                timeout = max(floor, factor * baseline)
+            else:  # warm-up with nothing learned yet: compiling can take minutes
+                timeout = max(floor, warmup)
+            j = bisect_left(save_starts, begin)  # a save started in this interval
+            if j < len(save_starts) and save_starts[j] < end:
+                timeout += allowance
+            if gap > timeout:
+                hang = (i, begin, timeout, gap)
+                break
+            if i >= skip:
+                learned = max(learned, gap)
+        smoothed = learned if smoothed == 0 else alpha * learned + (1 - alpha) * smoothed
+        if hang is None:
+            continue
+        i, begin, timeout, gap = hang
+        found.append(
+            Signal(
+                client_id=f"inferred:hang:{launch.number}:{int(numbers[i])}",
+                kind="fault",
+                ts=begin,
+                attempt=launch.number,
+                node=_hang_culprit(job, launch.number, begin + timeout) or "",
+                rank=None,
+                data={
+                    "type": "hang",
+                    "last_step": int(numbers[i]),
+                    "no_step_s": gap,
+                    "timeout_s": timeout,
+                },
+                detected_ts=begin + timeout,
+            )
+        )
+    return found
+
+
+def _hang_culprit(job: TrainingJob, attempt: int, detected_ts: float) -> str | None:
+    """The one node of the launch that fell silent before the hang was detected
+    while the others kept sending heartbeats, if there is exactly one."""
+    nodes = list(
+        Node.objects.filter(attempts__job=job, attempts__number=attempt)
+        .exclude(last_heartbeat_at=None)
+        .values_list("name", "last_heartbeat_at")
+    )
+    detected = dt(detected_ts)
+    silent = [name for name, last in nodes if last < detected]
+    if len(silent) == 1 and len(nodes) > 1:
+        return silent[0]
+    return None
+
+
 def _episode_fields(episode: Episode) -> dict:
     first = episode.initiating
     if first is not None:
@@ -135,6 +234,11 @@ def _episode_fields(episode: Episode) -> dict:
         where = f" on {first.node}" if first.node else ""
         rank = f" rank {first.rank}" if first.rank is not None else ""
         summary = f"{fault_type}{f' (Xid {xid})' if xid is not None else ''}{where}{rank}"
+        if "no_step_s" in first.data:
+            summary += (
+                f": no step for {first.data['no_step_s']:.0f} s after step"
+                f" {first.data['last_step']} (timeout {first.data['timeout_s']:.0f} s)"
+            )
         nodes = [first.node] if first.node else []
         ranks = [first.rank] if first.rank is not None else []
     else:
@@ -155,7 +259,7 @@ def _episode_fields(episode: Episode) -> dict:
         "ranks": ranks,
         "evidence": [s.client_id for s in episode.signals],
         "fault_at": dt(first.ts),
-        "detected_at": dt(first.ts),
+        "detected_at": dt(first.detected_ts if first.detected_ts is not None else first.ts),
         "_nodes": nodes,
     }
 
@@ -340,7 +444,9 @@ def _set_nodes(incident: Incident, job: TrainingJob, names: list[str]) -> None:
 
 
 def _signal_entry(incident: Incident, s: Signal) -> None:
-    if s.kind == "fault":
+    if s.kind == "fault" and "no_step_s" in s.data:
+        what = f"no step after step {s.data['last_step']} for {s.data['no_step_s']:.0f} s"
+    elif s.kind == "fault":
         what = s.data.get("type")
     elif s.kind == "attempt_ended":
         what = f"launch {s.attempt} ended {s.data.get('reason')}"

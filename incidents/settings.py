@@ -14,6 +14,15 @@ DEFAULTS: dict[str, float | int] = {
     "crash_loop.launches": 5,
     "crash_loop.window_s": 1800,
     "crash_loop.no_progress_launches": 3,
+    # Hang: no step for longer than factor x the longest step interval learned
+    # (this launch's, past its first steps, or earlier launches', smoothed),
+    # never less than the floor; more while a checkpoint save is in flight.
+    "hang.factor": 5,
+    "hang.floor_s": 60,
+    "hang.skip_steps": 3,
+    "hang.warmup_timeout_s": 900,  # before anything is learned (the first steps, no history)
+    "hang.save_allowance_s": 600,
+    "hang.smoothing": 0.5,
 }
 
 

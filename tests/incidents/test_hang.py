@@ -1,0 +1,149 @@
+"""The hang detector: no step for longer than the learned timeout, on the job's clock.
+
+And its false-positive side: jitter, a pause below the timeout, a slow checkpoint save."""
+
+import random
+
+import pytest
+
+from incidents.models import DetectorSetting, Incident
+from jobs.models import TrainingJob
+from tests.incidents.conftest import detect
+
+pytestmark = pytest.mark.django_db
+
+T0 = 1_790_000_000.0
+_n = iter(range(1, 10**6))
+
+
+def ev(kind, ts, attempt=1, node=None, **data):
+    e = {"id": f"e{next(_n)}", "job": "j1", "kind": kind, "ts": T0 + ts, "data": data}
+    if attempt is not None:
+        e["attempt"] = attempt
+    if node is not None:
+        e["node"] = node
+    return e
+
+
+def start(t=0.0, attempt=1, nodes=("n0", "n1")):
+    return [
+        ev("attempt_started", t, attempt, world_size=8, nodes=list(nodes)),
+        ev("ready", t + 10, attempt),
+    ]
+
+
+def steps(times, attempt=1, first=1):
+    return [ev("step", t, attempt, step=first + i) for i, t in enumerate(times)]
+
+
+def heartbeats(t0, t1, node="n0", every=5.0):
+    out, t = [], t0
+    while t <= t1:
+        out.append(ev("heartbeat", t, None, node=node))
+        t += every
+    return out
+
+
+def hangs(ingest, events):
+    for i in range(0, len(events), 500):
+        assert ingest(events[i : i + 500]).status_code == 202
+    return [i for i in detect("j1") if i.fault_type == "hang"]
+
+
+def test_a_running_launch_that_stops_stepping_is_a_hang(ingest):
+    times = [11 + i for i in range(20)]  # steps 1..20 at 11..30
+    [hang] = hangs(ingest, start() + steps(times) + heartbeats(31, 200))
+    assert hang.cause == Incident.Cause.HANG
+    assert hang.fault_at.timestamp() == pytest.approx(T0 + 30)  # the last progress
+    assert hang.detected_at.timestamp() == pytest.approx(T0 + 90)  # + the 60 s floor
+    assert hang.time_to_detect_s == pytest.approx(60)
+    assert "after step 20" in hang.summary
+
+
+def test_jitter_and_a_pause_below_the_timeout_are_not_hangs(ingest):
+    rng = random.Random(1)
+    t, times = 11.0, []
+    for i in range(200):
+        t += rng.uniform(0.7, 1.3) + (45 if i == 100 else 0)  # one 45 s pause (an eval)
+        times.append(t)
+    assert hangs(ingest, start() + steps(times) + heartbeats(t, t + 30)) == []
+
+
+def test_a_slow_checkpoint_save_is_not_a_hang(ingest):
+    times = [11 + i for i in range(20)] + [331 + i for i in range(10)]
+    events = start() + steps(times)
+    events += [
+        ev("checkpoint_save_started", 30, step=20),
+        ev("checkpoint_saved", 330, step=20, blocking_s=300.0),
+    ]
+    assert hangs(ingest, events + heartbeats(341, 360)) == []
+
+
+def test_the_timeout_is_learned_from_the_launch(ingest):
+    times = [11 + 20 * i for i in range(10)]  # a step every 20 s: timeout 5 x 20 = 100 s
+    times += [times[-1] + 90]  # 90 s: no hang, and now the longest interval: timeout 450 s
+    times += [times[-1] + 500]  # 500 s: a hang, found 450 s after the last progress
+    events = start() + steps(times) + heartbeats(times[-1], times[-1] + 10)
+    [hang] = hangs(ingest, events)
+    assert hang.fault_at.timestamp() == pytest.approx(T0 + times[-2])
+    assert hang.detected_at.timestamp() == pytest.approx(T0 + times[-2] + 450)
+
+
+def test_the_node_that_fell_silent_is_named(ingest):
+    times = [11 + i for i in range(20)]
+    events = start() + steps(times) + heartbeats(0, 200, "n0") + heartbeats(0, 40, "n1")
+    [hang] = hangs(ingest, events)
+    assert [n.name for n in hang.nodes.all()] == ["n1"]
+
+
+def test_a_hang_then_a_kill_and_a_relaunch_is_one_incident(ingest):
+    times = [11 + i for i in range(20)]
+    events = (
+        start()
+        + steps(times)
+        + [
+            ev("fault", 630, node="n1", type="nccl_timeout"),  # the collective times out later
+            ev("attempt_ended", 640, reason="failed"),
+        ]
+    )
+    events += start(700, attempt=2) + steps([711 + i for i in range(30)], attempt=2)
+    [incident] = detect_all(ingest, events)
+    assert incident.fault_type == "hang"
+    assert incident.fault_at.timestamp() == pytest.approx(T0 + 30)
+    assert incident.resumed_at.timestamp() == pytest.approx(T0 + 711)
+    assert incident.recovered_at.timestamp() == pytest.approx(T0 + 730)  # step 21 again
+    assert len(incident.evidence) == 3  # the inferred hang, the timeout, the end
+
+
+def detect_all(ingest, events):
+    assert ingest(events).status_code == 202
+    return detect("j1")
+
+
+def test_history_from_earlier_launches_covers_a_new_launch_warm_up(ingest):
+    events = start() + steps([11 + i for i in range(20)])
+    events += [ev("attempt_ended", 40, reason="failed")]
+    events += start(100, attempt=2) + steps([111, 112], attempt=2, first=21)
+    events += heartbeats(112, 300)
+    hangs_ = hangs(ingest, events)
+    assert [h.attempt for h in hangs_] == [2]
+    assert hangs_[0].detected_at.timestamp() == pytest.approx(T0 + 112 + 60)
+
+
+def test_a_first_launch_warm_up_gets_the_long_timeout(ingest):
+    events = start() + steps([11, 200]) + heartbeats(200, 900)  # a slow compile: fine
+    assert hangs(ingest, events) == []
+    assert len(hangs(ingest, heartbeats(905, 1200))) == 1  # 1000 s after step 2
+
+
+def test_the_factor_is_set_per_job(ingest):
+    times = [11 + 20 * i for i in range(10)] + [11 + 20 * 9 + 90]
+    events = start() + steps(times) + heartbeats(times[-1], times[-1] + 5)
+    assert hangs(ingest, events) == []
+    job = TrainingJob.objects.get(key="j1")
+    DetectorSetting.objects.create(job=job, name="hang.factor", value=3)  # timeout 60 s
+    assert len(detect_hangs()) == 1
+
+
+def detect_hangs():
+    return [i for i in detect("j1") if i.fault_type == "hang"]
