@@ -147,3 +147,16 @@ def test_the_factor_is_set_per_job(ingest):
 
 def detect_hangs():
     return [i for i in detect("j1") if i.fault_type == "hang"]
+
+
+def test_heartbeats_alone_bring_the_hang_to_light(ingest, django_capture_on_commit_callbacks):
+    """Live: the steps stop, only heartbeats come; their (debounced) pass finds the hang."""
+    from django.core.cache import cache
+
+    with django_capture_on_commit_callbacks(execute=True):
+        ingest(start() + steps([11 + i for i in range(20)]))
+    job = TrainingJob.objects.get(key="j1")
+    cache.delete(f"incident-detect:{job.id}")  # the debounce window of the batch above is over
+    with django_capture_on_commit_callbacks(execute=True):
+        ingest(heartbeats(31, 120))
+    assert Incident.objects.get().fault_type == "hang"
