@@ -100,7 +100,9 @@ def _launch_at(starts: list[tuple[float, int]], ts: float) -> int | None:
     return number
 
 
-def find_episodes(job: TrainingJob) -> list[Episode]:
+def find_episodes(job: TrainingJob, *, inferred: bool = True) -> list[Episode]:
+    """The job's launch episodes; `inferred` adds what detectors infer from the steps
+    (hangs), which reads the whole step history."""
     rows = (
         Event.objects.filter(job=job, kind__in=("fault", "attempt_ended", "attempt_started"))
         .order_by("ts", "id")
@@ -115,7 +117,8 @@ def find_episodes(job: TrainingJob) -> list[Episode]:
         else:
             signals_.append(s)
     starts.sort()
-    signals_ += hang_signals(job)
+    if inferred:
+        signals_ += hang_signals(job)
     episodes: dict[int, Episode] = {}
     for s in signals_:
         attempt = s.attempt if s.attempt is not None else _launch_at(starts, s.ts)
@@ -275,9 +278,9 @@ class Finding:
     signals: list[Signal]
 
 
-def _launch_findings(job: TrainingJob) -> list[Finding]:
+def _launch_findings(job: TrainingJob, inferred: bool) -> list[Finding]:
     findings = []
-    for episode in find_episodes(job):
+    for episode in find_episodes(job, inferred=inferred):
         fields = _episode_fields(episode)
         nodes = fields.pop("_nodes")
         findings.append(
@@ -393,9 +396,13 @@ def _crash_loop_findings(job: TrainingJob, launch_findings: list[Finding]) -> li
     return findings
 
 
-def incidents_detect(*, job: TrainingJob) -> list[Incident]:
+def incidents_detect(*, job: TrainingJob, inferred: bool = True) -> list[Incident]:
     """Open or update the job's incidents from what it reported (faults, launches).
 
+    With `inferred` off, only reported faults and launches count: a pass that
+    costs the same however long the job, so a reported fault opens its incident
+    at once; the full pass that follows may then name an earlier inferred
+    fault (a hang) as the one that started the episode.
     Returns the incidents that were opened or changed by this pass.
     """
     changed: list[tuple[Incident, str]] = []
@@ -405,7 +412,7 @@ def incidents_detect(*, job: TrainingJob) -> list[Incident]:
             (i.detector, i.episode): i
             for i in Incident.objects.filter(job=job).prefetch_related("nodes")
         }
-        findings = _launch_findings(job)
+        findings = _launch_findings(job, inferred)
         findings += _crash_loop_findings(job, findings)
         for finding in findings:
             incident = existing.get((finding.detector, finding.episode))
@@ -421,6 +428,8 @@ def incidents_detect(*, job: TrainingJob) -> list[Incident]:
                 _timeline_for_new(incident, finding.signals)
                 changed.append((incident, "opened"))
                 continue
+            if not inferred:
+                continue  # the quick pass only opens; the full pass keeps incidents current
             known = set(incident.evidence)
             updates = {k: v for k, v in finding.fields.items() if getattr(incident, k) != v}
             if updates:

@@ -12,5 +12,6 @@ def detect_job(job_id: int) -> None:
     job = TrainingJob.objects.filter(pk=job_id).first()
     if job is None:
         return
+    services.incidents_detect(job=job, inferred=False)  # quick: reported faults first
     services.incidents_detect(job=job)
     services.incidents_update_figures(job=job)

@@ -160,3 +160,19 @@ def test_heartbeats_alone_bring_the_hang_to_light(ingest, django_capture_on_comm
     with django_capture_on_commit_callbacks(execute=True):
         ingest(heartbeats(31, 120))
     assert Incident.objects.get().fault_type == "hang"
+
+
+def test_the_quick_pass_opens_and_the_full_pass_names_the_earlier_hang(ingest):
+    from incidents import services
+
+    times = [11 + i for i in range(20)]
+    events = start() + steps(times) + [ev("fault", 630, node="n1", type="nccl_timeout")]
+    assert ingest(events).status_code == 202
+    job = TrainingJob.objects.get(key="j1")
+    [opened] = services.incidents_detect(job=job, inferred=False)
+    assert opened.fault_type == "nccl_timeout"
+    assert services.incidents_detect(job=job, inferred=False) == []  # never downgrades
+    [updated] = services.incidents_detect(job=job)
+    assert (updated.pk, updated.fault_type) == (opened.pk, "hang")
+    assert services.incidents_detect(job=job, inferred=False) == []
+    assert Incident.objects.get().fault_type == "hang"
