@@ -9,7 +9,12 @@ and then a `fault` event (a GPU Xid). The latency is the incident's
 `opened_at` less the fault event's `received_at`: both stamped by the
 server, so it is what Rebound itself adds (ingest commit, the signal, the
 broker, the worker, detection). Prints p50, p95 and max against the
-1 s target for p95. Everything it talks to is on 127.0.0.1.
+1 s target for p95.
+
+When bench/accounting.py's 1,000,000-event job is in the database, it then
+posts faults into that job too (each run's incident and fault are deleted
+afterwards), to show the latency does not grow with the job's length.
+Everything it talks to is on 127.0.0.1.
 """
 
 import argparse
@@ -66,6 +71,7 @@ def launch_events(job: str, t0: float) -> list[dict]:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--runs", type=int, default=60)
+    ap.add_argument("--big-runs", type=int, default=20, help="runs on the 1M-event job")
     ap.add_argument(
         "--database-url", default=os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
     )
@@ -79,6 +85,11 @@ def main():
 
     run_id = uuid.uuid4().hex[:8]
     token_obj, token = token_issue(scope="ingest", cluster_name="bench-detect")
+    big = TrainingJob.objects.filter(key="bench-accounting-1m").select_related("cluster").first()
+    big_token_obj, big_token = token_issue(
+        scope="ingest", cluster_name=big.cluster.name if big else "bench-detect"
+    )
+    big_latencies: list[float] = []
     queue = f"bench-detect-{run_id}"
     var_dir = tempfile.mkdtemp(prefix="rebound-bench-detect-")
     os.environ.update(REDIS_URL=args.redis_url, REBOUND_CELERY_QUEUE=queue)
@@ -94,7 +105,9 @@ def main():
             "console",
             "worker",
             "--pool",
-            "solo",
+            "prefork",
+            "--concurrency",
+            "2",
             "--without-gossip",
             "--without-mingle",
             "--loglevel",
@@ -140,6 +153,31 @@ def main():
                 sys.exit(f"run {run}: no incident within 20 s (is the worker up?)")
             received = Event.objects.get(job__key=job, client_id=f"{job}-fault").received_at
             latencies.append((incident.opened_at - received).total_seconds())
+        last_attempt = big.attempts.order_by("-number").first().number if big else None
+        for run in range(args.big_runs if big else 0):
+            fault_id = f"bench-detect-{run_id}-big-{run}"
+            fault = {
+                "id": fault_id,
+                "job": big.key,
+                "kind": "fault",
+                "ts": big.last_event_ts,
+                "attempt": last_attempt,
+                "data": {"type": "gpu_xid", "xid": 79},
+            }
+            post(session, url, big_token, [fault])
+            deadline = time.monotonic() + 30
+            incident = None
+            while incident is None and time.monotonic() < deadline:
+                incident = Incident.objects.filter(job=big, attempt=last_attempt).first()
+                if incident is None:
+                    time.sleep(0.005)
+            if incident is None:
+                sys.exit(f"big run {run}: no incident within 30 s")
+            received = Event.objects.get(job=big, client_id=fault_id).received_at
+            big_latencies.append((incident.opened_at - received).total_seconds())
+            time.sleep(6)  # let the full pass and the figures finish before cleaning up
+            Incident.objects.filter(job=big).delete()
+            Event.objects.filter(job=big, client_id=fault_id).delete()
     finally:
         worker.terminate()
         stop_server(server)
@@ -150,16 +188,27 @@ def main():
         for job in TrainingJob.objects.filter(key__in=keys):
             job.delete()
         token_obj.delete()
+        big_token_obj.delete()
 
     latencies.sort()
     p50 = statistics.median(latencies)
     p95 = latencies[max(0, round(0.95 * len(latencies)) - 1)]
     print(
         f"fault arrival -> incident open, {len(latencies)} runs"
-        " (1 gunicorn worker, 1 Celery worker on Redis):"
+        " (1 gunicorn worker, a Celery worker of 2 processes on Redis):"
     )
     print(f"  p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms")
-    print(f"target p95 < {TARGET_P95_S:.0f} s: {verdict(p95 < TARGET_P95_S)}")
+    ok = p95 < TARGET_P95_S
+    if big_latencies:
+        big_latencies.sort()
+        big_p95 = big_latencies[max(0, round(0.95 * len(big_latencies)) - 1)]
+        print(
+            f"the same on the {big.events_count:,}-event job, {len(big_latencies)} runs:"
+            f" p50 {statistics.median(big_latencies) * 1000:.0f} ms,"
+            f" p95 {big_p95 * 1000:.0f} ms, max {big_latencies[-1] * 1000:.0f} ms"
+        )
+        ok = ok and big_p95 < TARGET_P95_S
+    print(f"target p95 < {TARGET_P95_S:.0f} s: {verdict(ok)}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 from django.core.cache import cache
 
-from incidents.tasks import detect_job
+from incidents.tasks import detect_job, open_reported
 
 # Kinds that can open or change a fault episode: detect at once.
 EPISODE_KINDS = frozenset({"fault", "attempt_ended", "attempt_started"})
@@ -14,6 +14,7 @@ DEBOUNCE_S = 5
 def on_events_stored(sender, job_ids, kinds, **kwargs):
     for job_id in job_ids:
         if kinds.get(job_id, set()) & EPISODE_KINDS:
+            open_reported.delay(job_id)
             detect_job.delay(job_id)
         elif cache.add(f"incident-detect:{job_id}", 1, timeout=DEBOUNCE_S):
             detect_job.apply_async((job_id,), countdown=DEBOUNCE_S)

@@ -405,6 +405,10 @@ def incidents_detect(*, job: TrainingJob, inferred: bool = True) -> list[Inciden
     fault (a hang) as the one that started the episode.
     Returns the incidents that were opened or changed by this pass.
     """
+    # Read first, outside any lock: the inferred part reads the whole step history,
+    # and ingest takes the same job lock.
+    findings = _launch_findings(job, inferred)
+    findings += _crash_loop_findings(job, findings)
     changed: list[tuple[Incident, str]] = []
     with transaction.atomic():
         TrainingJob.objects.select_for_update().filter(pk=job.pk).first()
@@ -412,8 +416,6 @@ def incidents_detect(*, job: TrainingJob, inferred: bool = True) -> list[Inciden
             (i.detector, i.episode): i
             for i in Incident.objects.filter(job=job).prefetch_related("nodes")
         }
-        findings = _launch_findings(job, inferred)
-        findings += _crash_loop_findings(job, findings)
         for finding in findings:
             incident = existing.get((finding.detector, finding.episode))
             if incident is None:

@@ -6,12 +6,20 @@ from incidents import services
 from jobs.models import TrainingJob
 
 
+@shared_task(name="incidents.open_reported", time_limit=30, ignore_result=True)
+def open_reported(job_id: int) -> None:
+    """The quick pass: open incidents for reported faults, whatever the job's length."""
+    job = TrainingJob.objects.filter(pk=job_id).first()
+    if job is not None:
+        services.incidents_detect(job=job, inferred=False)
+
+
 @shared_task(name="incidents.detect_job", time_limit=120, ignore_result=True)
 def detect_job(job_id: int) -> None:
-    """Open or update the job's incidents, then their figures; a repeat changes nothing."""
+    """The full pass: open or update the job's incidents, inferred faults included, then
+    their figures; a repeat changes nothing."""
     job = TrainingJob.objects.filter(pk=job_id).first()
     if job is None:
         return
-    services.incidents_detect(job=job, inferred=False)  # quick: reported faults first
     services.incidents_detect(job=job)
     services.incidents_update_figures(job=job)
