@@ -78,6 +78,11 @@ class Signal:
 class Episode:
     attempt: int
     signals: list[Signal] = field(default_factory=list)
+    index: int = 0  # the launch's first episode is 0; one after training went on, 1, ...
+
+    @property
+    def key(self) -> str:
+        return f"launch-{self.attempt}" + (f"-{self.index}" if self.index else "")
 
     @property
     def initiating(self) -> Signal | None:
@@ -101,8 +106,15 @@ def _launch_at(starts: list[tuple[float, int]], ts: float) -> int | None:
 
 
 def find_episodes(job: TrainingJob, *, inferred: bool = True) -> list[Episode]:
-    """The job's launch episodes; `inferred` adds what detectors infer from the steps
-    (hangs), which reads the whole step history."""
+    """The job's fault episodes, launch by launch.
+
+    A launch's signals belong to one episode, started by its earliest fault
+    that is not a symptom, unless training went on after it: a new fault after
+    `episode.progress_steps` more steps of that launch starts a new episode.
+    `inferred` adds what detectors infer from the steps (hangs) and judges
+    progress; it reads the whole step history. Without it, a launch is one
+    episode (the quick pass only opens the first).
+    """
     rows = (
         Event.objects.filter(job=job, kind__in=("fault", "attempt_ended", "attempt_started"))
         .order_by("ts", "id")
@@ -117,25 +129,46 @@ def find_episodes(job: TrainingJob, *, inferred: bool = True) -> list[Episode]:
         else:
             signals_.append(s)
     starts.sort()
+    steps = None
     if inferred:
-        signals_ += hang_signals(job)
-    episodes: dict[int, Episode] = {}
+        steps = load_steps(job.id)
+        signals_ += hang_signals(job, steps)
+    by_launch: dict[int, list[Signal]] = {}
     for s in signals_:
         attempt = s.attempt if s.attempt is not None else _launch_at(starts, s.ts)
         if attempt is None:
             continue  # a node's fault while none of this job's launches ran
-        episodes.setdefault(attempt, Episode(attempt)).signals.append(s)
-    return [
-        e
-        for _, e in sorted(episodes.items())
-        if e.initiating is not None or e.failed_end is not None
-    ]
+        by_launch.setdefault(attempt, []).append(s)
+    progress_steps = int(detector_settings(job)["episode.progress_steps"])
+    episodes: list[Episode] = []
+    for attempt, launch_signals in sorted(by_launch.items()):
+        launch_ts = np.sort(steps.ts[steps.attempt == attempt]) if steps is not None else None
+        current = Episode(attempt)
+        episodes.append(current)
+        for s in sorted(launch_signals, key=lambda s: s.ts):
+            first = current.initiating
+            starts_anew = (
+                launch_ts is not None
+                and first is not None
+                and s.kind == "fault"
+                and s.data.get("type") not in SYMPTOM_TYPES
+                and _steps_between(launch_ts, first.ts, s.ts) >= progress_steps
+            )
+            if starts_anew:
+                current = Episode(attempt, index=current.index + 1)
+                episodes.append(current)
+            current.signals.append(s)
+    return [e for e in episodes if e.initiating is not None or e.failed_end is not None]
+
+
+def _steps_between(sorted_ts: np.ndarray, t0: float, t1: float) -> int:
+    return int(np.searchsorted(sorted_ts, t1, "left") - np.searchsorted(sorted_ts, t0, "right"))
 
 
 # --- hangs -----------------------------------------------------------------------
 
 
-def hang_signals(job: TrainingJob) -> list[Signal]:
+def hang_signals(job: TrainingJob, steps) -> list[Signal]:
     """A launch that made no step for longer than its learned timeout: a hang.
 
     timeout = max(floor, factor x the longest step interval learned so far),
@@ -150,7 +183,6 @@ def hang_signals(job: TrainingJob) -> list[Signal]:
     skip, allowance = int(cfg["hang.skip_steps"]), float(cfg["hang.save_allowance_s"])
     warmup = float(cfg["hang.warmup_timeout_s"])
     alpha = float(cfg["hang.smoothing"])
-    steps = load_steps(job.id)
     launches, finished = build_launches(load_lifecycle(job.id), steps)
     order = np.lexsort((steps.seq, steps.ts, steps.attempt))
     attempt_sorted = steps.attempt[order]
@@ -283,9 +315,7 @@ def _launch_findings(job: TrainingJob, inferred: bool) -> list[Finding]:
     for episode in find_episodes(job, inferred=inferred):
         fields = _episode_fields(episode)
         nodes = fields.pop("_nodes")
-        findings.append(
-            Finding(LAUNCH_FAULT, f"launch-{episode.attempt}", fields, nodes, episode.signals)
-        )
+        findings.append(Finding(LAUNCH_FAULT, episode.key, fields, nodes, episode.signals))
     return findings
 
 
@@ -503,9 +533,16 @@ def incidents_update_figures(*, job: TrainingJob) -> list[Incident]:
     """Times to resume and recover, and lost GPU-seconds, of the job's incidents.
 
     All of them, recovered or not: events may arrive late and out of order, and
-    the figures follow what is stored.
+    the figures follow what is stored. A launch's last episode carries the
+    launch's failure (its lost GPU-seconds); an earlier one, after which
+    training went on in the same launch, resumed and recovered within it.
     """
     pending = list(Incident.objects.filter(job=job).exclude(attempt=None))
+    last_of_launch: dict[int, Incident] = {}
+    for incident in pending:
+        latest = last_of_launch.get(incident.attempt)
+        if latest is None or incident.fault_at > latest.fault_at:
+            last_of_launch[incident.attempt] = incident
     if not pending:
         return []
     steps = load_steps(job.id)
@@ -517,7 +554,10 @@ def incidents_update_figures(*, job: TrainingJob) -> list[Incident]:
             k = order.get(incident.attempt)
             if k is None:
                 continue
-            updates = _figures(incident, ledger.launches, k, steps)
+            if incident is last_of_launch[incident.attempt]:
+                updates = _figures(incident, ledger.launches, k, steps)
+            else:
+                updates = _in_launch_figures(incident, steps)
             updates = {f: v for f, v in updates.items() if getattr(incident, f) != v}
             if not updates:
                 continue
@@ -577,6 +617,23 @@ def _figures(incident: Incident, launches, k: int, steps) -> dict:
         "recovered_at": recovered_at,
         "lost_breakdown": breakdown,
         "lost_gpu_seconds": sum(breakdown.values()),
+    }
+
+
+def _in_launch_figures(incident: Incident, steps) -> dict:
+    """An episode the launch went on after: it resumed at the launch's next step and
+    recovered at its first step past the highest before the fault. The ledger
+    counts that time inside steps (and as slowdown), not as badput: nothing lost."""
+    fault_ts = incident.fault_at.timestamp()
+    same = (steps.attempt == incident.attempt) & (steps.ts > fault_ts)
+    before = steps.ts <= fault_ts
+    highest = int(steps.step[before].max()) if before.any() else -1
+    beyond = same & (steps.step > highest)
+    return {
+        "resumed_at": dt(float(steps.ts[same].min())) if same.any() else None,
+        "recovered_at": dt(float(steps.ts[beyond].min())) if beyond.any() else None,
+        "lost_breakdown": {},
+        "lost_gpu_seconds": 0.0,
     }
 
 

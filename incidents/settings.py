@@ -23,6 +23,9 @@ DEFAULTS: dict[str, float | int] = {
     "hang.warmup_timeout_s": 900,  # before anything is learned (the first steps, no history)
     "hang.save_allowance_s": 600,
     "hang.smoothing": 0.5,
+    # A fault after this many more steps of the same launch is a new episode,
+    # not a symptom of the one before.
+    "episode.progress_steps": 10,
 }
 
 

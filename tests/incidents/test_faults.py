@@ -142,3 +142,33 @@ def test_ingest_opens_the_incident_through_the_signal_and_task(
     incident = Incident.objects.get()
     assert incident.cause == Incident.Cause.GPU
     assert incident.opened_at is not None
+
+
+def test_a_fault_after_training_went_on_is_a_new_episode(ingest):
+    """A NaN the launch survived, then, 30 steps later, a GPU falls off the bus:
+    two incidents; the launch's failure and its cost belong to the second."""
+    events = launch(1, 0, steps=60)  # steps 1..60 at 11..70
+    events += [
+        ev("fault", 20.5, type="nan"),  # after step 10
+        ev("fault", 50.5, node="n1", rank=5, type="gpu_xid", xid=79),  # after step 40
+        ev("fault", 50.7, node="n0", rank=1, type="nccl_timeout"),
+        ev("attempt_ended", 60, reason="failed"),
+    ]
+    events += launch(2, 100, first_step=31, steps=20)
+    nan, xid = detect(ingest, events)
+    assert (nan.fault_type, nan.episode) == ("nan", "launch-1")
+    assert (xid.fault_type, xid.episode) == ("gpu_xid", "launch-1-1")
+    assert len(xid.evidence) == 3  # the Xid, the timeout, the end
+    assert nan.resumed_at.timestamp() == pytest.approx(T0 + 21)  # step 11, same launch
+    assert nan.lost_gpu_seconds == 0
+    assert xid.resumed_at.timestamp() == pytest.approx(T0 + 111)  # launch 2's first step
+    assert xid.lost_gpu_seconds > 0
+
+
+def test_a_fault_soon_after_another_is_part_of_its_episode(ingest):
+    events = launch(1, 0, steps=20) + [
+        ev("fault", 20.5, type="loss_spike"),
+        ev("fault", 23.5, node="n1", type="gpu_xid", xid=79),  # 3 steps later: same episode
+    ]
+    [incident] = detect(ingest, events)
+    assert incident.fault_type == "loss_spike" and len(incident.evidence) == 2
