@@ -17,7 +17,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 
 import numpy as np
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from incidents import signals
@@ -133,6 +133,7 @@ def find_episodes(job: TrainingJob, *, inferred: bool = True) -> list[Episode]:
     if inferred:
         steps = load_steps(job.id)
         signals_ += hang_signals(job, steps)
+        signals_ += loss_signals(job)
     by_launch: dict[int, list[Signal]] = {}
     for s in signals_:
         attempt = s.attempt if s.attempt is not None else _launch_at(starts, s.ts)
@@ -243,6 +244,77 @@ def hang_signals(job: TrainingJob, steps) -> list[Signal]:
             )
         )
     return found
+
+
+# --- loss --------------------------------------------------------------------------
+
+
+def _load_losses(job_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(attempt, step, ts, loss) of the steps that reported a loss, in arrival order."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT attempt, step, ts, loss FROM jobs_steprecord"
+            " WHERE job_id = %s AND loss IS NOT NULL ORDER BY id",
+            [job_id],
+        )
+        rows = cursor.fetchall()
+    if not rows:
+        empty = np.zeros(0)
+        return empty.astype(np.int64), empty.astype(np.int64), empty, empty
+    a, st, t, loss = zip(*rows, strict=True)
+    return (
+        np.asarray(a, dtype=np.int64),
+        np.asarray(st, dtype=np.int64),
+        np.asarray(t, dtype=np.float64),
+        np.asarray(loss, dtype=np.float64),
+    )
+
+
+def loss_signals(job: TrainingJob) -> list[Signal]:
+    """Per launch, its first non-finite loss (NaN or infinity) and its first spike:
+    a loss above the rolling median of the previous `loss.window` losses by more
+    than `loss.mad_factor` robust deviations (1.4826 x MAD) and at least
+    `loss.min_rel` of the median. Only rises count: a falling loss is progress."""
+    cfg = detector_settings(job)
+    window, k = int(cfg["loss.window"]), float(cfg["loss.mad_factor"])
+    min_rel, warmup = float(cfg["loss.min_rel"]), int(cfg["loss.warmup_steps"])
+    attempts, numbers, ts, losses = _load_losses(job.id)
+    found: list[Signal] = []
+    for attempt in np.unique(attempts).tolist():
+        mask = attempts == attempt
+        order = np.argsort(ts[mask], kind="stable")
+        t, n, x = ts[mask][order], numbers[mask][order], losses[mask][order]
+        bad = ~np.isfinite(x)
+        if bad.any():
+            i = int(np.argmax(bad))
+            found.append(_loss_signal(attempt, "nan", n[i], t[i], {"loss": str(x[i])}))
+            t, n, x = t[:i], n[:i], x[:i]  # a spike counts only before the first NaN
+        if len(x) <= max(window, warmup):
+            continue
+        windows = np.lib.stride_tricks.sliding_window_view(x[:-1], window)
+        med = np.median(windows, axis=1)
+        mad = np.median(np.abs(windows - med[:, None]), axis=1) * 1.4826
+        current = x[window:]
+        margin = np.maximum(k * mad, min_rel * np.abs(med))
+        spikes = np.flatnonzero(current > med + margin)
+        if len(spikes):
+            j = int(spikes[0])
+            i = j + window
+            data = {"loss": float(x[i]), "median": float(med[j]), "robust_sd": float(mad[j])}
+            found.append(_loss_signal(attempt, "loss_spike", n[i], t[i], data))
+    return found
+
+
+def _loss_signal(attempt: int, kind: str, step, ts, data: dict) -> Signal:
+    return Signal(
+        client_id=f"inferred:{kind}:{attempt}:{int(step)}",
+        kind="fault",
+        ts=float(ts),
+        attempt=attempt,
+        node="",
+        rank=None,
+        data={"type": kind, "step": int(step), "inferred": True, **data},
+    )
 
 
 def _hang_culprit(job: TrainingJob, attempt: int, detected_ts: float) -> str | None:

@@ -23,6 +23,13 @@ DEFAULTS: dict[str, float | int] = {
     "hang.warmup_timeout_s": 900,  # before anything is learned (the first steps, no history)
     "hang.save_allowance_s": 600,
     "hang.smoothing": 0.5,
+    # Loss: NaN or infinity at once; a spike when the loss rises above the
+    # rolling median of the last `window` losses by `mad_factor` robust
+    # deviations and by `min_rel` of the median at least.
+    "loss.window": 50,
+    "loss.mad_factor": 8,
+    "loss.min_rel": 0.25,
+    "loss.warmup_steps": 50,
     # A fault after this many more steps of the same launch is a new episode,
     # not a symptom of the one before.
     "episode.progress_steps": 10,
