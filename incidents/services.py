@@ -250,23 +250,37 @@ def hang_signals(job: TrainingJob, steps) -> list[Signal]:
 
 
 def _load_losses(job_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(attempt, step, ts, loss) of the steps that reported a loss, in arrival order."""
+    """(attempt, step, ts, loss) of the steps that reported a loss."""
     with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            # Packed binary columns, as jobs.accounting.load_steps reads them.
+            cursor.execute(
+                "SELECT string_agg(int4send(attempt::int4), ''), string_agg(int8send(step), ''),"
+                " string_agg(float8send(ts), ''), string_agg(float8send(loss), '')"
+                " FROM jobs_steprecord WHERE job_id = %s AND loss IS NOT NULL",
+                [job_id],
+            )
+            a, st, t, loss = cursor.fetchone()
+            if a is None:
+                a = st = t = loss = b""
+            return (
+                np.frombuffer(a, dtype=">i4").astype(np.int64),
+                np.frombuffer(st, dtype=">i8").astype(np.int64),
+                np.frombuffer(t, dtype=">f8").astype(np.float64),
+                np.frombuffer(loss, dtype=">f8").astype(np.float64),
+            )
         cursor.execute(
             "SELECT attempt, step, ts, loss FROM jobs_steprecord"
-            " WHERE job_id = %s AND loss IS NOT NULL ORDER BY id",
+            " WHERE job_id = %s AND loss IS NOT NULL",
             [job_id],
         )
         rows = cursor.fetchall()
-    if not rows:
-        empty = np.zeros(0)
-        return empty.astype(np.int64), empty.astype(np.int64), empty, empty
-    a, st, t, loss = zip(*rows, strict=True)
+    columns = list(zip(*rows, strict=True)) if rows else [(), (), (), ()]
     return (
-        np.asarray(a, dtype=np.int64),
-        np.asarray(st, dtype=np.int64),
-        np.asarray(t, dtype=np.float64),
-        np.asarray(loss, dtype=np.float64),
+        np.asarray(columns[0], dtype=np.int64),
+        np.asarray(columns[1], dtype=np.int64),
+        np.asarray(columns[2], dtype=np.float64),
+        np.asarray(columns[3], dtype=np.float64),
     )
 
 
