@@ -13,7 +13,6 @@ no fault reported is an episode of its own, until a fault for it arrives.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -153,6 +152,7 @@ def find_episodes(job: TrainingJob, *, inferred: bool = True) -> list[Episode]:
                 and first is not None
                 and s.kind == "fault"
                 and s.data.get("type") not in SYMPTOM_TYPES
+                and s.data.get("type") != first.data.get("type")  # the same trouble again
                 and _steps_between(launch_ts, first.ts, s.ts) >= progress_steps
             )
             if starts_anew:
@@ -198,30 +198,37 @@ def hang_signals(job: TrainingJob, steps) -> list[Signal]:
         i1 = int(np.searchsorted(attempt_sorted, launch.number, side="right"))
         ts = steps.ts[order[i0:i1]]
         numbers = steps.step[order[i0:i1]]
-        save_starts = sorted(
-            v["started"] for v in launch.saves.values() if v.get("started") is not None
-        )
-        learned = 0.0
-        hang = None
         # Each interval between steps, then the open tail to the launch's stop.
-        tail_open = launch.reason != "completed"
-        ends = list(ts[1:]) + ([stop] if tail_open and len(ts) else [])
-        for i, end in enumerate(ends):
-            begin = float(ts[i])
-            gap = float(end) - begin
-            baseline = max(learned, smoothed)
-            if baseline > 0 or i >= skip:
-                timeout = max(floor, factor * baseline)
-            else:  # warm-up with nothing learned yet: compiling can take minutes
-                timeout = max(floor, warmup)
-            j = bisect_left(save_starts, begin)  # a save started in this interval
-            if j < len(save_starts) and save_starts[j] < end:
-                timeout += allowance
-            if gap > timeout:
-                hang = (i, begin, timeout, gap)
-                break
-            if i >= skip:
-                learned = max(learned, gap)
+        tail_open = launch.reason != "completed" and len(ts) > 0
+        begins = ts if tail_open else ts[:-1]
+        ends = np.append(ts[1:], stop) if tail_open else ts[1:]
+        gaps = ends - begins
+        idx = np.arange(len(gaps))
+        # The longest interval learned before each one (the first `skip` not learned).
+        learnable = np.where(idx >= skip, gaps, 0.0)
+        learned_before = np.concatenate(([0.0], np.maximum.accumulate(learnable)[:-1]))[: len(gaps)]
+        baseline = np.maximum(learned_before, smoothed)
+        timeouts = np.where(
+            (baseline > 0) | (idx >= skip),
+            np.maximum(floor, factor * baseline),
+            max(floor, warmup),  # warm-up with nothing learned yet: compiling takes minutes
+        )
+        save_starts = np.array(
+            sorted(v["started"] for v in launch.saves.values() if v.get("started") is not None)
+        )
+        if len(save_starts):  # a save started inside the interval: allow for it
+            inside = np.searchsorted(save_starts, ends, "left") > np.searchsorted(
+                save_starts, begins, "left"
+            )
+            timeouts = timeouts + np.where(inside, allowance, 0.0)
+        over = np.flatnonzero(gaps > timeouts)
+        hang = None
+        if len(over):
+            i = int(over[0])
+            hang = (i, float(begins[i]), float(timeouts[i]), float(gaps[i]))
+            learned = float(learned_before[i])  # the hang itself is not learned from
+        else:
+            learned = float(learnable.max()) if len(learnable) else 0.0
         smoothed = learned if smoothed == 0 else alpha * learned + (1 - alpha) * smoothed
         if hang is None:
             continue
@@ -306,16 +313,20 @@ def loss_signals(job: TrainingJob) -> list[Signal]:
         if len(x) <= max(window, warmup):
             continue
         windows = np.lib.stride_tricks.sliding_window_view(x[:-1], window)
-        med = np.median(windows, axis=1)
-        mad = np.median(np.abs(windows - med[:, None]), axis=1) * 1.4826
         current = x[window:]
-        margin = np.maximum(k * mad, min_rel * np.abs(med))
-        spikes = np.flatnonzero(current > med + margin)
-        if len(spikes):
-            j = int(spikes[0])
-            i = j + window
-            data = {"loss": float(x[i]), "median": float(med[j]), "robust_sd": float(mad[j])}
-            found.append(_loss_signal(attempt, "loss_spike", n[i], t[i], data))
+        candidates = np.arange(len(current))
+        if (x > 0).all():
+            # A spike clears (1 + min_rel) x the median, so (1 + min_rel) x the
+            # window's minimum: only those few points need a median.
+            candidates = np.flatnonzero(current > (1 + min_rel) * windows.min(axis=1))
+        for j in candidates.tolist():
+            med = float(np.median(windows[j]))
+            mad = float(np.median(np.abs(windows[j] - med))) * 1.4826
+            if current[j] > med + max(k * mad, min_rel * abs(med)):
+                i = j + window
+                data = {"loss": float(x[i]), "median": med, "robust_sd": mad}
+                found.append(_loss_signal(attempt, "loss_spike", n[i], t[i], data))
+                break
     return found
 
 
