@@ -24,8 +24,8 @@ from incidents.models import Incident, TimelineEntry
 from incidents.settings import detector_settings
 from incidents.xid import APPLICATION, HARDWARE, xid_class
 from jobs.accounting import build_launches, compute_ledger, load_lifecycle, load_steps
-from jobs.models import Checkpoint, Event, Node, TrainingJob
-from jobs.services import dt
+from jobs.models import Attempt, Checkpoint, Event, Node, TrainingJob
+from jobs.services import dt, node_mark_suspect
 
 LAUNCH_FAULT = "launch_fault"
 SYMPTOM_TYPES = frozenset({"nccl_timeout"})
@@ -45,6 +45,7 @@ FAULT_CAUSES: dict[str, tuple[str, str]] = {
     "preempted": (C.PREEMPTION, S.MINOR),
     "network": (C.NETWORK, S.MAJOR),
     "other": (C.UNKNOWN, S.MAJOR),
+    "dead_node": (C.HOST, S.CRITICAL),  # inferred: its heartbeats stopped
 }
 
 
@@ -133,6 +134,7 @@ def find_episodes(job: TrainingJob, *, inferred: bool = True) -> list[Episode]:
         steps = load_steps(job.id)
         signals_ += hang_signals(job, steps)
         signals_ += loss_signals(job)
+        signals_ += dead_node_signals(job)
     by_launch: dict[int, list[Signal]] = {}
     for s in signals_:
         attempt = s.attempt if s.attempt is not None else _launch_at(starts, s.ts)
@@ -253,6 +255,61 @@ def hang_signals(job: TrainingJob, steps) -> list[Signal]:
     return found
 
 
+# --- dead nodes -----------------------------------------------------------------
+
+
+def dead_node_signals(job: TrainingJob) -> list[Signal]:
+    """A node of a launch that had been sending heartbeats and stopped for longer
+    than `dead_node.timeout_s` while the launch went on (on the job's clock).
+    Nodes that never sent a heartbeat in the launch are not expected to."""
+    timeout = float(detector_settings(job)["dead_node.timeout_s"])
+    launches = list(
+        Attempt.objects.filter(job=job)
+        .exclude(started_at=None)
+        .order_by("started_at", "number")
+        .prefetch_related("nodes")
+    )
+    finished = job.finished_at.timestamp() if job.finished_at else None
+    beats: dict[str, list[float]] = {}
+    for node, ts in (
+        Event.objects.filter(job=job, kind="heartbeat").order_by("ts").values_list("node", "ts")
+    ):
+        beats.setdefault(node, []).append(ts)
+    found = []
+    for k, launch in enumerate(launches):
+        start = launch.started_at.timestamp()
+        nxt = launches[k + 1].started_at.timestamp() if k + 1 < len(launches) else None
+        if launch.ended_at is not None:
+            stop = launch.ended_at.timestamp()
+        else:
+            stop = nxt or finished or job.last_event_ts
+        if stop is None:
+            continue
+        for node in launch.nodes.all():
+            ts = np.array(beats.get(node.name, ()))
+            ts = ts[(ts >= start) & (ts <= stop)]
+            if not len(ts):
+                continue
+            gaps = np.diff(np.append(ts, stop))
+            over = np.flatnonzero(gaps > timeout)
+            if not len(over):
+                continue
+            last = float(ts[over[0]])
+            found.append(
+                Signal(
+                    client_id=f"inferred:dead_node:{launch.number}:{node.name}",
+                    kind="fault",
+                    ts=last,
+                    attempt=launch.number,
+                    node=node.name,
+                    rank=None,
+                    data={"type": "dead_node", "silent_s": float(gaps[over[0]])},
+                    detected_ts=last + timeout,
+                )
+            )
+    return found
+
+
 # --- loss --------------------------------------------------------------------------
 
 
@@ -366,6 +423,8 @@ def _episode_fields(episode: Episode) -> dict:
         where = f" on {first.node}" if first.node else ""
         rank = f" rank {first.rank}" if first.rank is not None else ""
         summary = f"{fault_type}{f' (Xid {xid})' if xid is not None else ''}{where}{rank}"
+        if "silent_s" in first.data:
+            summary += f": no heartbeat for {first.data['silent_s']:.0f} s"
         if "no_step_s" in first.data:
             summary += (
                 f": no step for {first.data['no_step_s']:.0f} s after step"
@@ -555,6 +614,8 @@ def incidents_detect(*, job: TrainingJob, inferred: bool = True) -> list[Inciden
                 )
                 _set_nodes(incident, job, finding.nodes)
                 _timeline_for_new(incident, finding.signals)
+                if incident.fault_type == "dead_node":
+                    _suspect_nodes(incident)
                 changed.append((incident, "opened"))
                 continue
             if not inferred:
@@ -574,6 +635,20 @@ def incidents_detect(*, job: TrainingJob, inferred: bool = True) -> list[Inciden
     return [i for i, _ in changed]
 
 
+def _suspect_nodes(incident: Incident) -> None:
+    for node in incident.nodes.all():
+        if node_mark_suspect(node_id=node.id):
+            TimelineEntry.objects.create(
+                incident=incident,
+                kind=TimelineEntry.Kind.STATE_CHANGE,
+                at=timezone.now(),
+                actor=f"detector:{incident.detector}",
+                source="rebound",
+                message=f"node {node.name}: active → suspect",
+                data={"node": node.name, "from": "active", "to": "suspect"},
+            )
+
+
 def _set_nodes(incident: Incident, job: TrainingJob, names: list[str]) -> None:
     if names:
         incident.nodes.set(Node.objects.filter(cluster_id=job.cluster_id, name__in=names))
@@ -582,7 +657,9 @@ def _set_nodes(incident: Incident, job: TrainingJob, names: list[str]) -> None:
 
 
 def _signal_entry(incident: Incident, s: Signal) -> None:
-    if s.kind == "fault" and "no_step_s" in s.data:
+    if s.kind == "fault" and "silent_s" in s.data:
+        what = f"{s.node} sent no heartbeat for {s.data['silent_s']:.0f} s"
+    elif s.kind == "fault" and "no_step_s" in s.data:
         what = f"no step after step {s.data['last_step']} for {s.data['no_step_s']:.0f} s"
     elif s.kind == "fault":
         what = s.data.get("type")

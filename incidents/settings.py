@@ -23,6 +23,8 @@ DEFAULTS: dict[str, float | int] = {
     "hang.warmup_timeout_s": 900,  # before anything is learned (the first steps, no history)
     "hang.save_allowance_s": 600,
     "hang.smoothing": 0.5,
+    # Dead node: a node that sent heartbeats and fell silent this long.
+    "dead_node.timeout_s": 30,
     # Loss: NaN or infinity at once; a spike when the loss rises above the
     # rolling median of the last `window` losses by `mad_factor` robust
     # deviations and by `min_rel` of the median at least.

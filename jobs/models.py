@@ -178,6 +178,12 @@ class Event(models.Model):
                 name="event_lifecycle_by_job",
                 condition=Q(kind__in=LIFECYCLE_KINDS),
             ),
+            # Heartbeats, by node: how dead nodes are found on the job's clock.
+            models.Index(
+                fields=["job", "node", "ts"],
+                name="event_heartbeats_by_job",
+                condition=Q(kind="heartbeat"),
+            ),
         ]
 
     def __str__(self):

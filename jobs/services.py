@@ -67,6 +67,14 @@ def dt(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, tz=UTC)
 
 
+def node_mark_suspect(*, node_id: int) -> bool:
+    """An active node that stopped answering becomes suspect; other states stay."""
+    changed = Node.objects.filter(pk=node_id, state=Node.State.ACTIVE).update(
+        state=Node.State.SUSPECT, state_changed_at=timezone.now()
+    )
+    return changed == 1
+
+
 def cluster_get_or_create(*, name: str) -> Cluster:
     cluster, _ = Cluster.objects.get_or_create(name=name)
     return cluster
