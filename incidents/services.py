@@ -24,7 +24,7 @@ from incidents.models import Incident, TimelineEntry
 from incidents.settings import detector_settings
 from incidents.xid import APPLICATION, HARDWARE, xid_class
 from jobs.accounting import build_launches, compute_ledger, load_lifecycle, load_steps
-from jobs.models import Attempt, Checkpoint, Event, Node, TrainingJob
+from jobs.models import Attempt, Checkpoint, Event, HeartbeatBucket, Node, TrainingJob
 from jobs.services import dt, node_mark_suspect
 
 LAUNCH_FAULT = "launch_fault"
@@ -262,7 +262,7 @@ def dead_node_signals(job: TrainingJob) -> list[Signal]:
     """A node of a launch that had been sending heartbeats and stopped for longer
     than `dead_node.timeout_s` while the launch went on (on the job's clock).
     Nodes that never sent a heartbeat in the launch are not expected to."""
-    timeout = float(detector_settings(job)["dead_node.timeout_s"])
+    timeout = max(float(detector_settings(job)["dead_node.timeout_s"]), HeartbeatBucket.BUCKET_S)
     launches = list(
         Attempt.objects.filter(job=job)
         .exclude(started_at=None)
@@ -270,11 +270,13 @@ def dead_node_signals(job: TrainingJob) -> list[Signal]:
         .prefetch_related("nodes")
     )
     finished = job.finished_at.timestamp() if job.finished_at else None
-    beats: dict[str, list[float]] = {}
-    for node, ts in (
-        Event.objects.filter(job=job, kind="heartbeat").order_by("ts").values_list("node", "ts")
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for node, first, last in (
+        HeartbeatBucket.objects.filter(job=job)
+        .order_by("node", "bucket")
+        .values_list("node", "first_ts", "last_ts")
     ):
-        beats.setdefault(node, []).append(ts)
+        spans.setdefault(node, []).append((first, last))
     found = []
     for k, launch in enumerate(launches):
         start = launch.started_at.timestamp()
@@ -286,15 +288,18 @@ def dead_node_signals(job: TrainingJob) -> list[Signal]:
         if stop is None:
             continue
         for node in launch.nodes.all():
-            ts = np.array(beats.get(node.name, ()))
-            ts = ts[(ts >= start) & (ts <= stop)]
-            if not len(ts):
+            inside = [(f, la) for f, la in spans.get(node.name, ()) if la >= start and f <= stop]
+            if not inside:
                 continue
-            gaps = np.diff(np.append(ts, stop))
+            # Silences: from a bucket's last heartbeat to the next one's first, then to the
+            # launch's stop. Inside a bucket heartbeats are under BUCKET_S apart.
+            firsts = np.array([f for f, _ in inside[1:]] + [stop])
+            lasts = np.array([la for _, la in inside])
+            gaps = firsts - lasts
             over = np.flatnonzero(gaps > timeout)
             if not len(over):
                 continue
-            last = float(ts[over[0]])
+            last = float(lasts[over[0]])
             found.append(
                 Signal(
                     client_id=f"inferred:dead_node:{launch.number}:{node.name}",

@@ -253,3 +253,34 @@ def update_to_latest(model, field: str, values: dict) -> None:
             f"UPDATE {table} SET {col} = MAX(COALESCE({col}, %s), %s) WHERE {key} = %s",
             [(v, v, i) for i, v in zip(ids, new, strict=True)],
         )
+
+
+def upsert_spans(model, key: list[str], values: list[list], low: str, high: str) -> None:
+    """Insert rows (column-wise, `key` columns then `low` and `high`); where the key
+    exists, widen the stored [low, high] to take the new one in. Order-independent."""
+    if not values or not values[0]:
+        return
+    meta = model._meta
+    fields = [meta.get_field(c) for c in [*key, low, high]]
+    qn = connection.ops.quote_name
+    table = qn(meta.db_table)
+    cols = ", ".join(qn(f.column) for f in fields)
+    keys = ", ".join(qn(meta.get_field(c).column) for c in key)
+    lo, hi = qn(meta.get_field(low).column), qn(meta.get_field(high).column)
+    if connection.vendor == "postgresql":
+        with _binary_cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} ({cols}) SELECT * FROM {_unnest(fields)}"
+                f" ON CONFLICT ({keys}) DO UPDATE SET {lo} = LEAST({table}.{lo}, EXCLUDED.{lo}),"
+                f" {hi} = GREATEST({table}.{hi}, EXCLUDED.{hi})",
+                [_encode(v) for v in values],
+            )
+        return
+    marks = ", ".join(["%s"] * len(fields))
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            f"INSERT INTO {table} ({cols}) VALUES ({marks}) ON CONFLICT ({keys}) DO UPDATE"
+            f" SET {lo} = MIN({table}.{lo}, excluded.{lo}),"
+            f" {hi} = MAX({table}.{hi}, excluded.{hi})",
+            list(zip(*values, strict=True)),
+        )

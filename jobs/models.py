@@ -178,12 +178,6 @@ class Event(models.Model):
                 name="event_lifecycle_by_job",
                 condition=Q(kind__in=LIFECYCLE_KINDS),
             ),
-            # Heartbeats, by node: how dead nodes are found on the job's clock.
-            models.Index(
-                fields=["job", "node", "ts"],
-                name="event_heartbeats_by_job",
-                condition=Q(kind="heartbeat"),
-            ),
         ]
 
     def __str__(self):
@@ -283,6 +277,33 @@ class Checkpoint(models.Model):
 
     def __str__(self):
         return f"{self.job_id} step {self.step} ({self.tier or 'default'})"
+
+
+class HeartbeatBucket(models.Model):
+    """When a node of a job sent heartbeats, summarised in buckets of BUCKET_S seconds.
+
+    The first and last heartbeat of each bucket are enough to find every
+    silence longer than a bucket, whatever order heartbeats arrive in, without
+    reading the raw stream.
+    """
+
+    BUCKET_S = 10
+
+    job = models.ForeignKey(TrainingJob, related_name="heartbeat_buckets", **STREAM_FK)
+    node = models.CharField(max_length=128)
+    bucket = models.BigIntegerField(help_text="floor(ts / BUCKET_S)")
+    first_ts = models.FloatField()
+    last_ts = models.FloatField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "node", "bucket"], name="heartbeat_bucket_unique"
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.job_id} {self.node} [{self.first_ts}..{self.last_ts}]"
 
 
 class LedgerSnapshot(models.Model):

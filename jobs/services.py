@@ -17,12 +17,19 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs.bulk import insert_ignoring_conflicts, insert_new, update_rows, update_to_latest
+from jobs.bulk import (
+    insert_ignoring_conflicts,
+    insert_new,
+    update_rows,
+    update_to_latest,
+    upsert_spans,
+)
 from jobs.models import (
     Attempt,
     Checkpoint,
     Cluster,
     Event,
+    HeartbeatBucket,
     Node,
     RankWindow,
     StepRecord,
@@ -225,16 +232,37 @@ def _project(cluster: Cluster, jobs: dict[str, TrainingJob], fresh: list[WireEve
                 [as_float(e.data.get("data_wait_s")) for e in windows],
             ],
         )
-    _record_heartbeats(node_ids, heartbeats)
+    _record_heartbeats(node_ids, heartbeats, job_id)
     attempts = _project_lifecycle(jobs, fresh, lifecycle, node_ids)
     _update_jobs(jobs, fresh, lifecycle, attempts)
 
 
-def _record_heartbeats(node_ids: dict[str, int], heartbeats: list[WireEvent]) -> None:
+def _record_heartbeats(
+    node_ids: dict[str, int], heartbeats: list[WireEvent], job_id: dict[str, int]
+) -> None:
     latest: dict[str, float] = {}
+    spans: dict[tuple[int, str, int], list[float]] = {}
+    size = HeartbeatBucket.BUCKET_S
     for e in heartbeats:
         if e.ts > latest.get(e.node, 0.0):
             latest[e.node] = e.ts
+        span = spans.setdefault((job_id[e.job], e.node, int(e.ts // size)), [e.ts, e.ts])
+        span[0], span[1] = min(span[0], e.ts), max(span[1], e.ts)
+    if spans:
+        keys = sorted(spans)
+        upsert_spans(
+            HeartbeatBucket,
+            ["job", "node", "bucket"],
+            [
+                [k[0] for k in keys],
+                [k[1] for k in keys],
+                [k[2] for k in keys],
+                [spans[k][0] for k in keys],
+                [spans[k][1] for k in keys],
+            ],
+            "first_ts",
+            "last_ts",
+        )
     # One UPDATE for all the batch's nodes; a heartbeat never moves one back in time.
     update_to_latest(
         Node, "last_heartbeat_at", {node_ids[name]: dt(ts) for name, ts in latest.items()}

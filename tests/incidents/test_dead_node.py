@@ -75,3 +75,13 @@ def test_a_suspect_node_is_not_marked_again(ingest):
     detect("j1")
     [incident] = Incident.objects.filter(fault_type="dead_node")
     assert incident.timeline.filter(kind="state_change", data__to="suspect").count() == 1
+
+
+def test_shuffled_heartbeats_give_the_same_silence(ingest):
+    events = launch(200) + beats("n0", 0, 300, jitter=3) + beats("n1", 0, 95, jitter=3, seed=2)
+    random.Random(5).shuffle(events)
+    for i in range(0, len(events), 37):
+        assert ingest(events[i : i + 37]).status_code == 202
+    [incident] = [i for i in detect("j1") if i.fault_type == "dead_node"]
+    last_n1 = max(e["ts"] for e in events if e.get("node") == "n1")
+    assert incident.fault_at.timestamp() == pytest.approx(last_n1)
