@@ -22,6 +22,7 @@ from django.utils import timezone
 from incidents import signals
 from incidents.models import Incident, TimelineEntry
 from incidents.settings import detector_settings
+from incidents.stragglers import find_stragglers
 from incidents.xid import APPLICATION, HARDWARE, xid_class
 from jobs.accounting import build_launches, compute_ledger, load_lifecycle, load_steps
 from jobs.models import Attempt, Checkpoint, Event, HeartbeatBucket, Node, TrainingJob
@@ -587,6 +588,45 @@ def _crash_loop_findings(job: TrainingJob, launch_findings: list[Finding]) -> li
     return findings
 
 
+STRAGGLER = "straggler"
+
+
+def _straggler_findings(job: TrainingJob) -> list[Finding]:
+    streak = int(detector_settings(job)["straggler.windows"])
+    findings = []
+    for s in find_stragglers(job, streak=streak):
+        scores = {"peer_score": round(s.worst_peer, 3), "own_score": round(s.worst_own, 3)}
+        fields = {
+            "attempt": None,
+            "cause": C.STRAGGLER,
+            "fault_type": "straggler",
+            "xid": None,
+            "severity": S.MAJOR,
+            "summary": (
+                f"straggler {s.node}: ranks {', '.join(map(str, sorted(s.ranks)))} slow for"
+                f" {s.windows} windows from step {s.first_step} (peer score"
+                f" {s.worst_peer:.2f}, own {s.worst_own:.2f})"
+            )[:300],
+            "ranks": sorted(s.ranks),
+            "evidence": s.evidence,
+            "fault_at": dt(s.first_ts),
+            "detected_at": dt(s.detected_ts),
+            "lost_gpu_seconds": s.excess_gpu_s,
+            "lost_breakdown": {"slowdown": s.excess_gpu_s},
+        }
+        signal = Signal(
+            client_id=s.evidence[0],
+            kind="fault",
+            ts=s.first_ts,
+            attempt=None,
+            node=s.node,
+            rank=None,
+            data={"type": "straggler", **scores},
+        )
+        findings.append(Finding(STRAGGLER, f"node-{s.node}", fields, [s.node], [signal]))
+    return findings
+
+
 def incidents_detect(*, job: TrainingJob, inferred: bool = True) -> list[Incident]:
     """Open or update the job's incidents from what it reported (faults, launches).
 
@@ -600,6 +640,8 @@ def incidents_detect(*, job: TrainingJob, inferred: bool = True) -> list[Inciden
     # and ingest takes the same job lock.
     findings = _launch_findings(job, inferred)
     findings += _crash_loop_findings(job, findings)
+    if inferred:
+        findings += _straggler_findings(job)
     changed: list[tuple[Incident, str]] = []
     with transaction.atomic():
         TrainingJob.objects.select_for_update().filter(pk=job.pk).first()

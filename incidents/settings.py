@@ -23,6 +23,9 @@ DEFAULTS: dict[str, float | int] = {
     "hang.warmup_timeout_s": 900,  # before anything is learned (the first steps, no history)
     "hang.save_allowance_s": 600,
     "hang.smoothing": 0.5,
+    # Straggler: a node whose ranks are slow (either score below 0.75) this many
+    # complete windows in a row.
+    "straggler.windows": 3,
     # Dead node: a node that sent heartbeats and fell silent this long.
     "dead_node.timeout_s": 30,
     # Loss: NaN or infinity at once; a spike when the loss rises above the
