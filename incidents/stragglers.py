@@ -36,20 +36,40 @@ class Straggler:
     evidence: list[str] = field(default_factory=list)
 
 
+_COLUMNS = (  # name, PostgreSQL send function, numpy type of its bytes
+    ("attempt::int4", "int4send", ">i4"),
+    ("first_step", "int8send", ">i8"),
+    ("last_step", "int8send", ">i8"),
+    ("rank::int4", "int4send", ">i4"),
+    ("COALESCE(node_id, -1)", "int8send", ">i8"),
+    ("ts", "float8send", ">f8"),
+    ("compute_s", "float8send", ">f8"),
+    ("step_s", "float8send", ">f8"),
+)
+
+
 def _load(job_id: int):
     """(attempt, first_step, last_step, rank, node id, ts, compute_s, step_s) arrays."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT attempt, first_step, last_step, rank, COALESCE(node_id, -1), ts, compute_s,"
-            " step_s FROM jobs_rankwindow WHERE job_id = %s",
-            [job_id],
-        )
-        rows = cursor.fetchall()
-    if not rows:
-        return None
-    cols = list(zip(*rows, strict=True))
-    ints = [np.asarray(c, dtype=np.int64) for c in cols[:5]]
-    floats = [np.asarray(c, dtype=np.float64) for c in cols[5:]]
+        if connection.vendor == "postgresql":
+            # Packed binary columns, as jobs.accounting.load_steps reads the steps.
+            aggs = ", ".join(f"string_agg({fn}({col}), '')" for col, fn, _ in _COLUMNS)
+            cursor.execute(f"SELECT {aggs} FROM jobs_rankwindow WHERE job_id = %s", [job_id])
+            packed = cursor.fetchone()
+            if packed[0] is None:
+                return None
+            arrays = [
+                np.frombuffer(b, dtype=t) for b, (_, _, t) in zip(packed, _COLUMNS, strict=True)
+            ]
+        else:
+            cols = ", ".join(col.replace("::int4", "") for col, _, _ in _COLUMNS)
+            cursor.execute(f"SELECT {cols} FROM jobs_rankwindow WHERE job_id = %s", [job_id])
+            rows = cursor.fetchall()
+            if not rows:
+                return None
+            arrays = list(zip(*rows, strict=True))
+    ints = [np.asarray(c, dtype=np.int64) for c in arrays[:5]]
+    floats = [np.asarray(c, dtype=np.float64) for c in arrays[5:]]
     return (*ints, *floats)
 
 
@@ -101,31 +121,33 @@ def find_stragglers(job: TrainingJob, *, streak: int) -> list[Straggler]:
             n_slow = (slow_rank & on_node).sum(axis=1)
             n_all = on_node.sum(axis=1)
             slow_window = (n_all > 0) & (n_slow * 2 > n_all)
-            run = 0
             name = names.get(nid, f"node-{nid}")
-            for w in range(shape[0]):
-                run = run + 1 if slow_window[w] else 0
-                if run < streak:
+            # Runs of slow windows, found with numpy: starts and ends of each run.
+            edges = np.diff(np.concatenate(([0], slow_window.astype(np.int8), [0])))
+            run_starts, run_ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+            for a, b in zip(run_starts.tolist(), run_ends.tolist(), strict=True):
+                if b - a < streak:
                     continue
-                first_w = w - run + 1 if run == streak else w
                 s = found.get(name)
                 if s is None:
                     s = found[name] = Straggler(
                         node=name,
-                        first_ts=float(window_ts[w - streak + 1]),
-                        detected_ts=float(window_ts[w]),
-                        first_step=int(window_first[w - streak + 1]),
+                        first_ts=float(window_ts[a]),
+                        detected_ts=float(window_ts[a + streak - 1]),
+                        first_step=int(window_first[a]),
                     )
-                for v in range(first_w, w + 1):
-                    straggling[v] = True
-                    mask = on_node[v] & slow_rank[v]
-                    s.ranks.update(int(r) for r in ranks[v][mask])
-                    s.worst_peer = min(s.worst_peer, float(np.nanmin(peer[v][on_node[v]])))
-                    s.worst_own = min(s.worst_own, float(np.nanmin(own[v][on_node[v]])))
-                    s.windows += 1
-                    steps = int(window_last[v] - window_first[v] + 1)
-                    slow_step_s.append((name, world, float(window_step[v]), steps))
-                    s.evidence.append(f"window:{number}:{int(window_first[v])}")
+                straggling[a:b] = True
+                mask = on_node[a:b] & slow_rank[a:b]
+                s.ranks.update(int(r) for r in np.unique(ranks[a:b][mask]))
+                s.worst_peer = min(s.worst_peer, float(np.nanmin(peer[a:b][on_node[a:b]])))
+                s.worst_own = min(s.worst_own, float(np.nanmin(own[a:b][on_node[a:b]])))
+                s.windows += b - a
+                steps = window_last[a:b] - window_first[a:b] + 1
+                slow_step_s.extend(
+                    (name, world, float(x), int(n))
+                    for x, n in zip(window_step[a:b], steps, strict=True)
+                )
+                s.evidence.extend(f"window:{number}:{int(f)}" for f in window_first[a:b])
         normal_step_s.extend(window_step[~straggling].tolist())
     if not found:
         return []

@@ -1,6 +1,9 @@
 """Celery tasks of the incidents app: they take ids and call the services."""
 
+import time
+
 from celery import shared_task
+from django.core.cache import cache
 
 from incidents import services
 from jobs.models import TrainingJob
@@ -21,5 +24,8 @@ def detect_job(job_id: int) -> None:
     job = TrainingJob.objects.filter(pk=job_id).first()
     if job is None:
         return
+    began = time.monotonic()
     services.incidents_detect(job=job)
     services.incidents_update_figures(job=job)
+    # How long a full pass takes for this job: the receivers space passes by it.
+    cache.set(f"incident-pass-s:{job_id}", time.monotonic() - began, timeout=3600)
