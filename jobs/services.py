@@ -7,6 +7,7 @@ the job rows are locked first, so two deliveries of one batch can never both
 count the same event as new.
 """
 
+import logging
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -37,6 +38,8 @@ from jobs.models import (
 )
 from jobs.signals import events_stored
 from jobs.wire import WireEvent, as_float
+
+logger = logging.getLogger(__name__)
 
 EVENT_COLUMNS = ["job", "client_id", "kind", "ts", "attempt", "node", "rank", "data", "received_at"]
 STEP_COLUMNS = ["job", "attempt", "step", "ts", "loss", "grad_norm", "tokens", "step_time_s"]
@@ -165,11 +168,19 @@ def events_ingest(*, cluster: Cluster, events: list[WireEvent]) -> IngestResult:
             kinds: dict[int, set[str]] = defaultdict(set)
             for e in fresh:
                 kinds[jobs[e.job].id].add(e.kind)
-            transaction.on_commit(lambda: _refresh_ledgers(touched))
-            transaction.on_commit(
-                lambda: events_stored.send(sender=TrainingJob, job_ids=touched, kinds=kinds)
-            )
+            # After the commit, and never at the client's expense: a broker that is
+            # down loses a refresh or a detection pass (logged), not the batch.
+            transaction.on_commit(lambda: _refresh_ledgers(touched), robust=True)
+            transaction.on_commit(lambda: _announce(touched, kinds), robust=True)
     return IngestResult(accepted=len(fresh), duplicates=len(events) - len(fresh))
+
+
+def _announce(job_ids: list[int], kinds: dict[int, set[str]]) -> None:
+    for receiver, result in events_stored.send_robust(
+        sender=TrainingJob, job_ids=job_ids, kinds=kinds
+    ):
+        if isinstance(result, Exception):
+            logger.error("events_stored receiver %r failed: %r", receiver, result)
 
 
 # A busy job sends many batches a second; one refresh per job in this window is enough.

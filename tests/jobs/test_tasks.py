@@ -115,3 +115,22 @@ def test_a_real_worker_refreshes_the_ledger_after_ingest(ingest, monkeypatch, tm
             worker.kill()
             out, _ = worker.communicate()
     assert "jobs.ledger_refresh" in out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_broker_outage_does_not_fail_the_ingest(ingest, monkeypatch):
+    """The batch is committed before the tasks are sent; if sending fails, the client
+    still gets its 202 and the events are stored (the failure is logged)."""
+    from incidents import tasks as incident_tasks
+    from jobs import tasks as job_tasks
+
+    def broker_down(*args, **kwargs):
+        raise ConnectionError("broker unreachable")
+
+    app.conf.task_always_eager = False
+    for task in (job_tasks.ledger_refresh, incident_tasks.detect_job, incident_tasks.open_reported):
+        monkeypatch.setattr(task, "delay", broker_down)
+        monkeypatch.setattr(task, "apply_async", broker_down)
+    r = ingest(events())
+    assert r.status_code == 202
+    assert TrainingJob.objects.get(key="j1").events_count == 3
