@@ -679,7 +679,75 @@ def incidents_detect(*, job: TrainingJob, inferred: bool = True) -> list[Inciden
                         _signal_entry(incident, sig)
                 changed.append((incident, "updated"))
         _announce(changed)
+    named = {n.name for i, _ in changed if i.detector != REPEAT_OFFENDER for n in i.nodes.all()}
+    if named:
+        changed += [(i, "") for i in incidents_detect_repeat_offenders(job=job, nodes=named)]
     return [i for i, _ in changed]
+
+
+REPEAT_OFFENDER = "repeat_offender"
+
+
+def incidents_detect_repeat_offenders(*, job: TrainingJob, nodes: set[str]) -> list[Incident]:
+    """A node named in several incidents of its cluster within a window (default 3 in
+    7 days) gets one incident recommending it be taken out of service, opened on
+    the job where the last of them happened. After such an incident is resolved,
+    only incidents opened since count towards the next one."""
+    cfg = detector_settings(job)
+    count, window_s = int(cfg["repeat_offender.incidents"]), float(cfg["repeat_offender.window_s"])
+    opened = []
+    for name in sorted(nodes):
+        named = Incident.objects.filter(cluster_id=job.cluster_id, nodes__name=name)
+        since = (
+            named.filter(detector=REPEAT_OFFENDER, resolved_at__isnull=False)
+            .order_by("-resolved_at")
+            .values_list("resolved_at", flat=True)
+            .first()
+        )
+        history = named.exclude(detector=REPEAT_OFFENDER).select_related("job")
+        if since is not None:  # both on the server's clock
+            history = history.filter(opened_at__gt=since)
+        history = list(history.order_by("fault_at", "id"))
+        for i in range(count - 1, len(history)):
+            first, last = history[i - count + 1], history[i]
+            if (last.fault_at - first.fault_at).total_seconds() > window_s:
+                continue
+            members = history[i - count + 1 : i + 1]
+            causes = [m.cause for m in members]
+            with transaction.atomic():
+                incident, created = Incident.objects.get_or_create(
+                    job=last.job,
+                    detector=REPEAT_OFFENDER,
+                    episode=f"node-{name}-{first.pk}",
+                    defaults={
+                        "cluster_id": job.cluster_id,
+                        "cause": max(set(causes), key=causes.count),
+                        "fault_type": "repeat_offender",
+                        "severity": S.CRITICAL,
+                        "summary": (
+                            f"{name} was in {count} incidents within"
+                            f" {window_s / 86400:g} days: take it out of service"
+                        ),
+                        "evidence": [f"incident:{m.pk}" for m in members],
+                        "fault_at": last.fault_at,
+                        "detected_at": last.detected_at,
+                    },
+                )
+                if created:
+                    _set_nodes(incident, last.job, [name])
+                    TimelineEntry.objects.create(
+                        incident=incident,
+                        kind=TimelineEntry.Kind.DETECTION,
+                        at=incident.detected_at,
+                        actor=f"detector:{REPEAT_OFFENDER}",
+                        source="rebound",
+                        message=f"Opened: {incident.summary}",
+                        data={"incidents": [m.pk for m in members]},
+                    )
+                    _announce([(incident, "opened")])
+                    opened.append(incident)
+            break  # one per node until it is resolved
+    return opened
 
 
 def _suspect_nodes(incident: Incident) -> None:

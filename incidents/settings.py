@@ -26,6 +26,9 @@ DEFAULTS: dict[str, float | int] = {
     # Straggler: a node whose ranks are slow (either score below 0.75) this many
     # complete windows in a row.
     "straggler.windows": 3,
+    # Repeat offender: a node in this many incidents within the window.
+    "repeat_offender.incidents": 3,
+    "repeat_offender.window_s": 7 * 86400,
     # Dead node: a node that sent heartbeats and fell silent this long.
     "dead_node.timeout_s": 30,
     # Loss: NaN or infinity at once; a spike when the loss rises above the
