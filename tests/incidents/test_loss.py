@@ -46,6 +46,7 @@ def loss_incidents(ingest, events):
     return [i for i in detect("j1") if i.fault_type in ("nan", "loss_spike")]
 
 
+@pytest.mark.postgres  # SQLite stores a NaN loss as NULL
 def test_nan_is_an_incident_at_once(ingest):
     losses = descent(100)
     losses[29] = math.nan
