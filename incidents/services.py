@@ -735,15 +735,7 @@ def incidents_detect_repeat_offenders(*, job: TrainingJob, nodes: set[str]) -> l
                 )
                 if created:
                     _set_nodes(incident, last.job, [name])
-                    TimelineEntry.objects.create(
-                        incident=incident,
-                        kind=TimelineEntry.Kind.DETECTION,
-                        at=incident.detected_at,
-                        actor=f"detector:{REPEAT_OFFENDER}",
-                        source="rebound",
-                        message=f"Opened: {incident.summary}",
-                        data={"incidents": [m.pk for m in members]},
-                    )
+                    _timeline_for_new(incident, [])
                     _announce([(incident, "opened")])
                     opened.append(incident)
             break  # one per node until it is resolved
