@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from incidents import signals
@@ -25,6 +25,7 @@ from incidents.settings import detector_settings
 from incidents.stragglers import find_stragglers
 from incidents.xid import APPLICATION, HARDWARE, xid_class
 from jobs.accounting import build_launches, compute_ledger, load_lifecycle, load_steps
+from jobs.columns import FLOAT, INT, load_columns
 from jobs.models import Attempt, Checkpoint, Event, HeartbeatBucket, Node, TrainingJob
 from jobs.services import dt, node_mark_suspect
 
@@ -319,38 +320,13 @@ def dead_node_signals(job: TrainingJob) -> list[Signal]:
 # --- loss --------------------------------------------------------------------------
 
 
-def _load_losses(job_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _load_losses(job_id: int) -> list[np.ndarray]:
     """(attempt, step, ts, loss) of the steps that reported a loss."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            # Packed binary columns, as jobs.accounting.load_steps reads them.
-            cursor.execute(
-                "SELECT string_agg(int4send(attempt::int4), ''), string_agg(int8send(step), ''),"
-                " string_agg(float8send(ts), ''), string_agg(float8send(loss), '')"
-                " FROM jobs_steprecord WHERE job_id = %s AND loss IS NOT NULL",
-                [job_id],
-            )
-            a, st, t, loss = cursor.fetchone()
-            if a is None:
-                a = st = t = loss = b""
-            return (
-                np.frombuffer(a, dtype=">i4").astype(np.int64),
-                np.frombuffer(st, dtype=">i8").astype(np.int64),
-                np.frombuffer(t, dtype=">f8").astype(np.float64),
-                np.frombuffer(loss, dtype=">f8").astype(np.float64),
-            )
-        cursor.execute(
-            "SELECT attempt, step, ts, loss FROM jobs_steprecord"
-            " WHERE job_id = %s AND loss IS NOT NULL",
-            [job_id],
-        )
-        rows = cursor.fetchall()
-    columns = list(zip(*rows, strict=True)) if rows else [(), (), (), ()]
-    return (
-        np.asarray(columns[0], dtype=np.int64),
-        np.asarray(columns[1], dtype=np.int64),
-        np.asarray(columns[2], dtype=np.float64),
-        np.asarray(columns[3], dtype=np.float64),
+    return load_columns(
+        "jobs_steprecord",
+        [("attempt", INT), ("step", INT), ("ts", FLOAT), ("loss", FLOAT)],
+        "job_id = %s AND loss IS NOT NULL",
+        [job_id],
     )
 
 

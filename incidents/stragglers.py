@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from django.db import connection
 
+from jobs.columns import FLOAT, INT, load_columns
 from jobs.models import Attempt, Node, TrainingJob
 
 SLOW = 0.75
@@ -36,41 +36,22 @@ class Straggler:
     evidence: list[str] = field(default_factory=list)
 
 
-_COLUMNS = (  # name, PostgreSQL send function, numpy type of its bytes
-    ("attempt::int4", "int4send", ">i4"),
-    ("first_step", "int8send", ">i8"),
-    ("last_step", "int8send", ">i8"),
-    ("rank::int4", "int4send", ">i4"),
-    ("COALESCE(node_id, -1)", "int8send", ">i8"),
-    ("ts", "float8send", ">f8"),
-    ("compute_s", "float8send", ">f8"),
-    ("step_s", "float8send", ">f8"),
-)
+_COLUMNS = [
+    ("attempt", INT),
+    ("first_step", INT),
+    ("last_step", INT),
+    ("rank", INT),
+    ("COALESCE(node_id, -1)", INT),
+    ("ts", FLOAT),
+    ("compute_s", FLOAT),
+    ("step_s", FLOAT),
+]
 
 
 def _load(job_id: int):
     """(attempt, first_step, last_step, rank, node id, ts, compute_s, step_s) arrays."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            # Packed binary columns, as jobs.accounting.load_steps reads the steps.
-            aggs = ", ".join(f"string_agg({fn}({col}), '')" for col, fn, _ in _COLUMNS)
-            cursor.execute(f"SELECT {aggs} FROM jobs_rankwindow WHERE job_id = %s", [job_id])
-            packed = cursor.fetchone()
-            if packed[0] is None:
-                return None
-            arrays = [
-                np.frombuffer(b, dtype=t) for b, (_, _, t) in zip(packed, _COLUMNS, strict=True)
-            ]
-        else:
-            cols = ", ".join(col.replace("::int4", "") for col, _, _ in _COLUMNS)
-            cursor.execute(f"SELECT {cols} FROM jobs_rankwindow WHERE job_id = %s", [job_id])
-            rows = cursor.fetchall()
-            if not rows:
-                return None
-            arrays = list(zip(*rows, strict=True))
-    ints = [np.asarray(c, dtype=np.int64) for c in arrays[:5]]
-    floats = [np.asarray(c, dtype=np.float64) for c in arrays[5:]]
-    return (*ints, *floats)
+    arrays = load_columns("jobs_rankwindow", _COLUMNS, "job_id = %s", [job_id])
+    return arrays if len(arrays[0]) else None
 
 
 def find_stragglers(job: TrainingJob, *, streak: int) -> list[Straggler]:

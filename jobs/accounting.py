@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import numpy as np
-from django.db import connection
 
+from jobs.columns import FLOAT, INT, load_columns
 from jobs.models import Event, TrainingJob
 
 CATEGORIES = (
@@ -113,49 +113,18 @@ class Steps:
     ts: np.ndarray
     seq: np.ndarray
 
-    @classmethod
-    def empty(cls) -> Steps:
-        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64))
-
 
 # --- loading -----------------------------------------------------------------
 
 
 def load_steps(job_id: int) -> Steps:
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            # Each column as one string of big-endian binary values, read
-            # straight into numpy: no Python object per step. The aggregates
-            # of one query see the rows in the same order, so the columns line up.
-            cursor.execute(
-                "SELECT string_agg(int4send(attempt::int4), ''),"
-                " string_agg(int8send(step), ''),"
-                " string_agg(float8send(ts), ''),"
-                " string_agg(int8send(id), '')"
-                " FROM jobs_steprecord WHERE job_id = %s",
-                [job_id],
-            )
-            a, s, t, q = cursor.fetchone()
-            if a is None:
-                return Steps.empty()
-            return Steps(
-                np.frombuffer(a, dtype=">i4").astype(np.int64),
-                np.frombuffer(s, dtype=">i8").astype(np.int64),
-                np.frombuffer(t, dtype=">f8").astype(np.float64),
-                np.frombuffer(q, dtype=">i8").astype(np.int64),
-            )
-        cursor.execute(
-            "SELECT attempt, step, ts, id FROM jobs_steprecord WHERE job_id = %s", [job_id]
-        )
-        rows = cursor.fetchall()
-    if not rows:
-        return Steps.empty()
-    a, s, t, q = zip(*rows, strict=True)
     return Steps(
-        np.asarray(a, dtype=np.int64),
-        np.asarray(s, dtype=np.int64),
-        np.asarray(t, dtype=np.float64),
-        np.asarray(q, dtype=np.int64),
+        *load_columns(
+            "jobs_steprecord",
+            [("attempt", INT), ("step", INT), ("ts", FLOAT), ("id", INT)],
+            "job_id = %s",
+            [job_id],
+        )
     )
 
 
