@@ -14,6 +14,7 @@ no fault reported is an episode of its own, until a fault for it arrives.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 from django.db import transaction
@@ -107,7 +108,25 @@ def _launch_at(starts: list[tuple[float, int]], ts: float) -> int | None:
     return number
 
 
-def find_episodes(job: TrainingJob, *, inferred: bool = True) -> list[Episode]:
+class History:
+    """A job's lifecycle events and steps, each read once per pass however many
+    detectors and figures need them."""
+
+    def __init__(self, job: TrainingJob):
+        self.job = job
+
+    @cached_property
+    def steps(self):
+        return load_steps(self.job.id)
+
+    @cached_property
+    def lifecycle(self):
+        return load_lifecycle(self.job.id)
+
+
+def find_episodes(
+    job: TrainingJob, *, inferred: bool = True, history: History | None = None
+) -> list[Episode]:
     """The job's fault episodes, launch by launch.
 
     A launch's signals belong to one episode, started by its earliest fault
@@ -133,8 +152,9 @@ def find_episodes(job: TrainingJob, *, inferred: bool = True) -> list[Episode]:
     starts.sort()
     steps = None
     if inferred:
-        steps = load_steps(job.id)
-        signals_ += hang_signals(job, steps)
+        history = history or History(job)
+        steps = history.steps
+        signals_ += hang_signals(job, history)
         signals_ += loss_signals(job)
         signals_ += dead_node_signals(job)
     by_launch: dict[int, list[Signal]] = {}
@@ -173,7 +193,7 @@ def _steps_between(sorted_ts: np.ndarray, t0: float, t1: float) -> int:
 # --- hangs -----------------------------------------------------------------------
 
 
-def hang_signals(job: TrainingJob, steps) -> list[Signal]:
+def hang_signals(job: TrainingJob, history: History) -> list[Signal]:
     """A launch that made no step for longer than its learned timeout: a hang.
 
     timeout = max(floor, factor x the longest step interval learned so far),
@@ -188,7 +208,8 @@ def hang_signals(job: TrainingJob, steps) -> list[Signal]:
     skip, allowance = int(cfg["hang.skip_steps"]), float(cfg["hang.save_allowance_s"])
     warmup = float(cfg["hang.warmup_timeout_s"])
     alpha = float(cfg["hang.smoothing"])
-    launches, finished = build_launches(load_lifecycle(job.id), steps)
+    steps = history.steps
+    launches, finished = build_launches(history.lifecycle, steps)
     order = np.lexsort((steps.seq, steps.ts, steps.attempt))
     attempt_sorted = steps.attempt[order]
     smoothed = 0.0  # the longest learned interval, smoothed across launches
@@ -448,9 +469,9 @@ class Finding:
     signals: list[Signal]
 
 
-def _launch_findings(job: TrainingJob, inferred: bool) -> list[Finding]:
+def _launch_findings(job: TrainingJob, inferred: bool, history: History) -> list[Finding]:
     findings = []
-    for episode in find_episodes(job, inferred=inferred):
+    for episode in find_episodes(job, inferred=inferred, history=history):
         fields = _episode_fields(episode)
         nodes = fields.pop("_nodes")
         findings.append(Finding(LAUNCH_FAULT, episode.key, fields, nodes, episode.signals))
@@ -603,7 +624,9 @@ def _straggler_findings(job: TrainingJob) -> list[Finding]:
     return findings
 
 
-def incidents_detect(*, job: TrainingJob, inferred: bool = True) -> list[Incident]:
+def incidents_detect(
+    *, job: TrainingJob, inferred: bool = True, history: History | None = None
+) -> list[Incident]:
     """Open or update the job's incidents from what it reported (faults, launches).
 
     With `inferred` off, only reported faults and launches count: a pass that
@@ -614,7 +637,7 @@ def incidents_detect(*, job: TrainingJob, inferred: bool = True) -> list[Inciden
     """
     # Read first, outside any lock: the inferred part reads the whole step history,
     # and ingest takes the same job lock.
-    findings = _launch_findings(job, inferred)
+    findings = _launch_findings(job, inferred, history or History(job))
     findings += _crash_loop_findings(job, findings)
     if inferred:
         findings += _straggler_findings(job)
@@ -786,7 +809,7 @@ def _announce(changed: list[tuple[Incident, str]]) -> None:
 # --- figures -------------------------------------------------------------------
 
 
-def incidents_update_figures(*, job: TrainingJob) -> list[Incident]:
+def incidents_update_figures(*, job: TrainingJob, history: History | None = None) -> list[Incident]:
     """Times to resume and recover, and lost GPU-seconds, of the job's incidents.
 
     All of them, recovered or not: events may arrive late and out of order, and
@@ -802,8 +825,9 @@ def incidents_update_figures(*, job: TrainingJob) -> list[Incident]:
             last_of_launch[incident.attempt] = incident
     if not pending:
         return []
-    steps = load_steps(job.id)
-    ledger = compute_ledger(job.key, load_lifecycle(job.id), steps, last_event_ts=job.last_event_ts)
+    history = history or History(job)
+    steps = history.steps
+    ledger = compute_ledger(job.key, history.lifecycle, steps, last_event_ts=job.last_event_ts)
     order = {launch.number: k for k, launch in enumerate(ledger.launches)}
     changed = []
     with transaction.atomic():

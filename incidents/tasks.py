@@ -25,7 +25,8 @@ def detect_job(job_id: int) -> None:
     if job is None:
         return
     began = time.monotonic()
-    services.incidents_detect(job=job)
-    services.incidents_update_figures(job=job)
+    history = services.History(job)  # read once for detection and figures
+    services.incidents_detect(job=job, history=history)
+    services.incidents_update_figures(job=job, history=history)
     # How long a full pass takes for this job: the receivers space passes by it.
     cache.set(f"incident-pass-s:{job_id}", time.monotonic() - began, timeout=3600)
