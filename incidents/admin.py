@@ -39,5 +39,5 @@ class IncidentAdmin(admin.ModelAdmin):
 class DetectorSettingAdmin(admin.ModelAdmin):
     """Detector parameters per cluster or job; detectors read them on every pass."""
 
-    list_display = ["name", "value", "cluster", "job", "updated_at"]
+    list_display = ["name", "value", "cluster", "job", "updated_at", "updated_by"]
     list_filter = ["name", "cluster"]

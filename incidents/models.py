@@ -144,6 +144,7 @@ class DetectorSetting(models.Model):
     name = models.CharField(max_length=64)
     value = models.JSONField()
     updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.CharField(max_length=150, blank=True, help_text="who set it last")
 
     class Meta:
         constraints = [
@@ -166,3 +167,17 @@ class DetectorSetting(models.Model):
     def __str__(self):
         scope = f"job {self.job_id}" if self.job_id else f"cluster {self.cluster_id}"
         return f"{self.name}={self.value} ({scope})"
+
+
+class DetectorState(models.Model):
+    """What the detectors have read of a job so far and what they carry forward
+    (see incidents.watch), so that a pass reads only what was stored since."""
+
+    job = models.OneToOneField(
+        TrainingJob, on_delete=models.CASCADE, primary_key=True, related_name="detector_state"
+    )
+    data = models.JSONField(default=dict)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self):
+        return f"detector state of {self.job_id}"

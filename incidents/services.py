@@ -14,7 +14,6 @@ no fault reported is an episode of its own, until a fault for it arrives.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import numpy as np
 from django.db import transaction
@@ -23,11 +22,10 @@ from django.utils import timezone
 from incidents import signals
 from incidents.models import Incident, TimelineEntry
 from incidents.settings import detector_settings
-from incidents.stragglers import find_stragglers
+from incidents.watch import Signal, Watch, steps_between, watch_job
 from incidents.xid import APPLICATION, HARDWARE, xid_class
-from jobs.accounting import build_launches, compute_ledger, load_lifecycle, load_steps
-from jobs.columns import FLOAT, INT, load_columns
-from jobs.models import Attempt, Checkpoint, Event, HeartbeatBucket, Node, TrainingJob
+from jobs.accounting import compute_ledger, load_lifecycle, load_steps
+from jobs.models import Checkpoint, Event, Node, TrainingJob
 from jobs.services import dt, node_mark_suspect
 
 LAUNCH_FAULT = "launch_fault"
@@ -66,18 +64,6 @@ def fault_cause(fault_type: str, xid: int | None) -> tuple[str, str]:
 
 
 @dataclass
-class Signal:
-    client_id: str  # the event's id, or "inferred:..." for what a detector inferred
-    kind: str
-    ts: float
-    attempt: int | None
-    node: str
-    rank: int | None
-    data: dict
-    detected_ts: float | None = None  # when an inferred fault's condition was met
-
-
-@dataclass
 class Episode:
     attempt: int
     signals: list[Signal] = field(default_factory=list)
@@ -108,33 +94,15 @@ def _launch_at(starts: list[tuple[float, int]], ts: float) -> int | None:
     return number
 
 
-class History:
-    """A job's lifecycle events and steps, each read once per pass however many
-    detectors and figures need them."""
-
-    def __init__(self, job: TrainingJob):
-        self.job = job
-
-    @cached_property
-    def steps(self):
-        return load_steps(self.job.id)
-
-    @cached_property
-    def lifecycle(self):
-        return load_lifecycle(self.job.id)
-
-
-def find_episodes(
-    job: TrainingJob, *, inferred: bool = True, history: History | None = None
-) -> list[Episode]:
+def find_episodes(job: TrainingJob, *, watch: Watch | None = None) -> list[Episode]:
     """The job's fault episodes, launch by launch.
 
     A launch's signals belong to one episode, started by its earliest fault
     that is not a symptom, unless training went on after it: a new fault after
     `episode.progress_steps` more steps of that launch starts a new episode.
-    `inferred` adds what detectors infer from the steps (hangs) and judges
-    progress; it reads the whole step history. Without it, a launch is one
-    episode (the quick pass only opens the first).
+    `watch` adds what detectors inferred from steps, windows and heartbeats
+    (hangs, loss trouble, dead nodes) and lets progress be judged. Without it,
+    a launch is one episode (the quick pass only opens the first).
     """
     rows = (
         Event.objects.filter(job=job, kind__in=("fault", "attempt_ended", "attempt_started"))
@@ -150,13 +118,8 @@ def find_episodes(
         else:
             signals_.append(s)
     starts.sort()
-    steps = None
-    if inferred:
-        history = history or History(job)
-        steps = history.steps
-        signals_ += hang_signals(job, history)
-        signals_ += loss_signals(job)
-        signals_ += dead_node_signals(job)
+    if watch is not None:
+        signals_ += watch.hangs + watch.losses + watch.dead_nodes
     by_launch: dict[int, list[Signal]] = {}
     for s in signals_:
         attempt = s.attempt if s.attempt is not None else _launch_at(starts, s.ts)
@@ -166,255 +129,23 @@ def find_episodes(
     progress_steps = int(detector_settings(job)["episode.progress_steps"])
     episodes: list[Episode] = []
     for attempt, launch_signals in sorted(by_launch.items()):
-        launch_ts = np.sort(steps.ts[steps.attempt == attempt]) if steps is not None else None
         current = Episode(attempt)
         episodes.append(current)
         for s in sorted(launch_signals, key=lambda s: s.ts):
             first = current.initiating
             starts_anew = (
-                launch_ts is not None
+                watch is not None
                 and first is not None
                 and s.kind == "fault"
                 and s.data.get("type") not in SYMPTOM_TYPES
                 and s.data.get("type") != first.data.get("type")  # the same trouble again
-                and _steps_between(launch_ts, first.ts, s.ts) >= progress_steps
+                and steps_between(job, attempt, first.ts, s.ts, progress_steps) >= progress_steps
             )
             if starts_anew:
                 current = Episode(attempt, index=current.index + 1)
                 episodes.append(current)
             current.signals.append(s)
     return [e for e in episodes if e.initiating is not None or e.failed_end is not None]
-
-
-def _steps_between(sorted_ts: np.ndarray, t0: float, t1: float) -> int:
-    return int(np.searchsorted(sorted_ts, t1, "left") - np.searchsorted(sorted_ts, t0, "right"))
-
-
-# --- hangs -----------------------------------------------------------------------
-
-
-def hang_signals(job: TrainingJob, history: History) -> list[Signal]:
-    """A launch that made no step for longer than its learned timeout: a hang.
-
-    timeout = max(floor, factor x the longest step interval learned so far),
-    where the longest interval is this launch's own so far (its first steps
-    skipped: warm-up is slow) or, when larger, the smoothed longest of earlier
-    launches; a gap with a checkpoint save started in it gets an allowance more.
-    An interval found to be a hang is not learned from. On the job's clock: a
-    running launch's open tail runs to the job's latest event.
-    """
-    cfg = detector_settings(job)
-    factor, floor = float(cfg["hang.factor"]), float(cfg["hang.floor_s"])
-    skip, allowance = int(cfg["hang.skip_steps"]), float(cfg["hang.save_allowance_s"])
-    warmup = float(cfg["hang.warmup_timeout_s"])
-    alpha = float(cfg["hang.smoothing"])
-    steps = history.steps
-    launches, finished = build_launches(history.lifecycle, steps)
-    order = np.lexsort((steps.seq, steps.ts, steps.attempt))
-    attempt_sorted = steps.attempt[order]
-    smoothed = 0.0  # the longest learned interval, smoothed across launches
-    found: list[Signal] = []
-    for k, launch in enumerate(launches):
-        nxt = launches[k + 1].start if k + 1 < len(launches) else None
-        stop = launch.end if launch.end is not None else (nxt or finished or job.last_event_ts)
-        if stop is None:
-            continue
-        i0 = int(np.searchsorted(attempt_sorted, launch.number, side="left"))
-        i1 = int(np.searchsorted(attempt_sorted, launch.number, side="right"))
-        ts = steps.ts[order[i0:i1]]
-        numbers = steps.step[order[i0:i1]]
-        # Each interval between steps, then the open tail to the launch's stop.
-        tail_open = launch.reason != "completed" and len(ts) > 0
-        begins = ts if tail_open else ts[:-1]
-        ends = np.append(ts[1:], stop) if tail_open else ts[1:]
-        gaps = ends - begins
-        idx = np.arange(len(gaps))
-        # The longest interval learned before each one (the first `skip` not learned).
-        learnable = np.where(idx >= skip, gaps, 0.0)
-        learned_before = np.concatenate(([0.0], np.maximum.accumulate(learnable)[:-1]))[: len(gaps)]
-        baseline = np.maximum(learned_before, smoothed)
-        timeouts = np.where(
-            (baseline > 0) | (idx >= skip),
-            np.maximum(floor, factor * baseline),
-            max(floor, warmup),  # warm-up with nothing learned yet: compiling takes minutes
-        )
-        save_starts = np.array(
-            sorted(v["started"] for v in launch.saves.values() if v.get("started") is not None)
-        )
-        if len(save_starts):  # a save started inside the interval: allow for it
-            inside = np.searchsorted(save_starts, ends, "left") > np.searchsorted(
-                save_starts, begins, "left"
-            )
-            timeouts = timeouts + np.where(inside, allowance, 0.0)
-        over = np.flatnonzero(gaps > timeouts)
-        hang = None
-        if len(over):
-            i = int(over[0])
-            hang = (i, float(begins[i]), float(timeouts[i]), float(gaps[i]))
-            learned = float(learned_before[i])  # the hang itself is not learned from
-        else:
-            learned = float(learnable.max()) if len(learnable) else 0.0
-        smoothed = learned if smoothed == 0 else alpha * learned + (1 - alpha) * smoothed
-        if hang is None:
-            continue
-        i, begin, timeout, gap = hang
-        found.append(
-            Signal(
-                client_id=f"inferred:hang:{launch.number}:{int(numbers[i])}",
-                kind="fault",
-                ts=begin,
-                attempt=launch.number,
-                node=_hang_culprit(job, launch.number, begin + timeout) or "",
-                rank=None,
-                data={
-                    "type": "hang",
-                    "last_step": int(numbers[i]),
-                    "no_step_s": gap,
-                    "timeout_s": timeout,
-                },
-                detected_ts=begin + timeout,
-            )
-        )
-    return found
-
-
-# --- dead nodes -----------------------------------------------------------------
-
-
-def dead_node_signals(job: TrainingJob) -> list[Signal]:
-    """A node of a launch that had been sending heartbeats and stopped for longer
-    than `dead_node.timeout_s` while the launch went on (on the job's clock).
-    Nodes that never sent a heartbeat in the launch are not expected to."""
-    timeout = max(float(detector_settings(job)["dead_node.timeout_s"]), HeartbeatBucket.BUCKET_S)
-    launches = list(
-        Attempt.objects.filter(job=job)
-        .exclude(started_at=None)
-        .order_by("started_at", "number")
-        .prefetch_related("nodes")
-    )
-    finished = job.finished_at.timestamp() if job.finished_at else None
-    spans: dict[str, list[tuple[float, float]]] = {}
-    for node, first, last in (
-        HeartbeatBucket.objects.filter(job=job)
-        .order_by("node", "bucket")
-        .values_list("node", "first_ts", "last_ts")
-    ):
-        spans.setdefault(node, []).append((first, last))
-    found = []
-    for k, launch in enumerate(launches):
-        start = launch.started_at.timestamp()
-        nxt = launches[k + 1].started_at.timestamp() if k + 1 < len(launches) else None
-        if launch.ended_at is not None:
-            stop = launch.ended_at.timestamp()
-        else:
-            stop = nxt or finished or job.last_event_ts
-        if stop is None:
-            continue
-        for node in launch.nodes.all():
-            inside = [(f, la) for f, la in spans.get(node.name, ()) if la >= start and f <= stop]
-            if not inside:
-                continue
-            # Silences: from a bucket's last heartbeat to the next one's first, then to the
-            # launch's stop. Inside a bucket heartbeats are under BUCKET_S apart.
-            firsts = np.array([f for f, _ in inside[1:]] + [stop])
-            lasts = np.array([la for _, la in inside])
-            gaps = firsts - lasts
-            over = np.flatnonzero(gaps > timeout)
-            if not len(over):
-                continue
-            last = float(lasts[over[0]])
-            found.append(
-                Signal(
-                    client_id=f"inferred:dead_node:{launch.number}:{node.name}",
-                    kind="fault",
-                    ts=last,
-                    attempt=launch.number,
-                    node=node.name,
-                    rank=None,
-                    data={"type": "dead_node", "silent_s": float(gaps[over[0]])},
-                    detected_ts=last + timeout,
-                )
-            )
-    return found
-
-
-# --- loss --------------------------------------------------------------------------
-
-
-def _load_losses(job_id: int) -> list[np.ndarray]:
-    """(attempt, step, ts, loss) of the steps that reported a loss."""
-    return load_columns(
-        "jobs_steprecord",
-        [("attempt", INT), ("step", INT), ("ts", FLOAT), ("loss", FLOAT)],
-        "job_id = %s AND loss IS NOT NULL",
-        [job_id],
-    )
-
-
-def loss_signals(job: TrainingJob) -> list[Signal]:
-    """Per launch, its first non-finite loss (NaN or infinity) and its first spike:
-    a loss above the rolling median of the previous `loss.window` losses by more
-    than `loss.mad_factor` robust deviations (1.4826 x MAD) and at least
-    `loss.min_rel` of the median. Only rises count: a falling loss is progress."""
-    cfg = detector_settings(job)
-    window, k = int(cfg["loss.window"]), float(cfg["loss.mad_factor"])
-    min_rel, warmup = float(cfg["loss.min_rel"]), int(cfg["loss.warmup_steps"])
-    attempts, numbers, ts, losses = _load_losses(job.id)
-    found: list[Signal] = []
-    for attempt in np.unique(attempts).tolist():
-        mask = attempts == attempt
-        order = np.argsort(ts[mask], kind="stable")
-        t, n, x = ts[mask][order], numbers[mask][order], losses[mask][order]
-        bad = ~np.isfinite(x)
-        if bad.any():
-            i = int(np.argmax(bad))
-            found.append(_loss_signal(attempt, "nan", n[i], t[i], {"loss": str(x[i])}))
-            t, n, x = t[:i], n[:i], x[:i]  # a spike counts only before the first NaN
-        if len(x) <= max(window, warmup):
-            continue
-        windows = np.lib.stride_tricks.sliding_window_view(x[:-1], window)
-        current = x[window:]
-        candidates = np.arange(len(current))
-        if (x > 0).all():
-            # A spike clears (1 + min_rel) x the median, so (1 + min_rel) x the
-            # window's minimum: only those few points need a median.
-            candidates = np.flatnonzero(current > (1 + min_rel) * windows.min(axis=1))
-        for j in candidates.tolist():
-            med = float(np.median(windows[j]))
-            mad = float(np.median(np.abs(windows[j] - med))) * 1.4826
-            if current[j] > med + max(k * mad, min_rel * abs(med)):
-                i = j + window
-                data = {"loss": float(x[i]), "median": med, "robust_sd": mad}
-                found.append(_loss_signal(attempt, "loss_spike", n[i], t[i], data))
-                break
-    return found
-
-
-def _loss_signal(attempt: int, kind: str, step, ts, data: dict) -> Signal:
-    return Signal(
-        client_id=f"inferred:{kind}:{attempt}:{int(step)}",
-        kind="fault",
-        ts=float(ts),
-        attempt=attempt,
-        node="",
-        rank=None,
-        data={"type": kind, "step": int(step), "inferred": True, **data},
-    )
-
-
-def _hang_culprit(job: TrainingJob, attempt: int, detected_ts: float) -> str | None:
-    """The one node of the launch that fell silent before the hang was detected
-    while the others kept sending heartbeats, if there is exactly one."""
-    nodes = list(
-        Node.objects.filter(attempts__job=job, attempts__number=attempt)
-        .exclude(last_heartbeat_at=None)
-        .values_list("name", "last_heartbeat_at")
-    )
-    detected = dt(detected_ts)
-    silent = [name for name, last in nodes if last < detected]
-    if len(silent) == 1 and len(nodes) > 1:
-        return silent[0]
-    return None
 
 
 def _episode_fields(episode: Episode) -> dict:
@@ -469,9 +200,9 @@ class Finding:
     signals: list[Signal]
 
 
-def _launch_findings(job: TrainingJob, inferred: bool, history: History) -> list[Finding]:
+def _launch_findings(job: TrainingJob, watch: Watch | None) -> list[Finding]:
     findings = []
-    for episode in find_episodes(job, inferred=inferred, history=history):
+    for episode in find_episodes(job, watch=watch):
         fields = _episode_fields(episode)
         nodes = fields.pop("_nodes")
         findings.append(Finding(LAUNCH_FAULT, episode.key, fields, nodes, episode.signals))
@@ -502,8 +233,7 @@ class LaunchRecord:
 def _launch_records(job: TrainingJob) -> list[LaunchRecord]:
     rows = (
         Event.objects.filter(
-            job=job,
-            kind__in=("attempt_started", "attempt_ended", "checkpoint_loaded", "checkpoint_saved"),
+            job=job, kind__in=("attempt_started", "attempt_ended", "checkpoint_loaded")
         )
         .order_by("ts", "id")
         .values_list("client_id", "kind", "ts", "attempt", "node", "rank", "data")
@@ -521,13 +251,18 @@ def _launch_records(job: TrainingJob) -> list[LaunchRecord]:
         r = records.get(sig.attempt)
         if r is None:
             continue
-        d = sig.data
         if sig.kind == "attempt_ended" and r.end is None:
-            r.end, r.reason = sig.ts, d.get("reason", "")
+            r.end, r.reason = sig.ts, sig.data.get("reason", "")
         elif sig.kind == "checkpoint_loaded":
-            r.restored = d["step"]
-        elif sig.kind == "checkpoint_saved" and d.get("tier") not in Checkpoint.NON_DURABLE_TIERS:
-            r.best_saved = max(d["step"], r.best_saved or d["step"])
+            r.restored = sig.data["step"]
+    for r in records.values():  # the launch's newest durable checkpoint: an index lookup
+        r.best_saved = (
+            Checkpoint.objects.filter(job=job, attempt=r.number, durable=True)
+            .exclude(saved_at=None)
+            .order_by("-step")
+            .values_list("step", flat=True)
+            .first()
+        )
     return sorted(records.values(), key=lambda r: (r.start, r.number))
 
 
@@ -588,10 +323,9 @@ def _crash_loop_findings(job: TrainingJob, launch_findings: list[Finding]) -> li
 STRAGGLER = "straggler"
 
 
-def _straggler_findings(job: TrainingJob) -> list[Finding]:
-    streak = int(detector_settings(job)["straggler.windows"])
+def _straggler_findings(watch: Watch) -> list[Finding]:
     findings = []
-    for s in find_stragglers(job, streak=streak):
+    for s in watch.stragglers:
         scores = {"peer_score": round(s.worst_peer, 3), "own_score": round(s.worst_own, 3)}
         fields = {
             "attempt": None,
@@ -624,9 +358,7 @@ def _straggler_findings(job: TrainingJob) -> list[Finding]:
     return findings
 
 
-def incidents_detect(
-    *, job: TrainingJob, inferred: bool = True, history: History | None = None
-) -> list[Incident]:
+def incidents_detect(*, job: TrainingJob, inferred: bool = True) -> list[Incident]:
     """Open or update the job's incidents from what it reported (faults, launches).
 
     With `inferred` off, only reported faults and launches count: a pass that
@@ -635,12 +367,13 @@ def incidents_detect(
     fault (a hang) as the one that started the episode.
     Returns the incidents that were opened or changed by this pass.
     """
-    # Read first, outside any lock: the inferred part reads the whole step history,
-    # and ingest takes the same job lock.
-    findings = _launch_findings(job, inferred, history or History(job))
+    # Read first, outside the job's lock (ingest takes it): the inferred part reads
+    # what was stored since the last pass.
+    watch = watch_job(job, detector_settings(job)) if inferred else None
+    findings = _launch_findings(job, watch)
     findings += _crash_loop_findings(job, findings)
-    if inferred:
-        findings += _straggler_findings(job)
+    if watch is not None:
+        findings += _straggler_findings(watch)
     changed: list[tuple[Incident, str]] = []
     with transaction.atomic():
         TrainingJob.objects.select_for_update().filter(pk=job.pk).first()
@@ -809,7 +542,7 @@ def _announce(changed: list[tuple[Incident, str]]) -> None:
 # --- figures -------------------------------------------------------------------
 
 
-def incidents_update_figures(*, job: TrainingJob, history: History | None = None) -> list[Incident]:
+def incidents_update_figures(*, job: TrainingJob, ledger=None, steps=None) -> list[Incident]:
     """Times to resume and recover, and lost GPU-seconds, of the job's incidents.
 
     All of them, recovered or not: events may arrive late and out of order, and
@@ -825,9 +558,11 @@ def incidents_update_figures(*, job: TrainingJob, history: History | None = None
             last_of_launch[incident.attempt] = incident
     if not pending:
         return []
-    history = history or History(job)
-    steps = history.steps
-    ledger = compute_ledger(job.key, history.lifecycle, steps, last_event_ts=job.last_event_ts)
+    if ledger is None or steps is None:
+        steps = load_steps(job.id)
+        ledger = compute_ledger(
+            job.key, load_lifecycle(job.id), steps, last_event_ts=job.last_event_ts
+        )
     order = {launch.number: k for k, launch in enumerate(ledger.launches)}
     changed = []
     with transaction.atomic():

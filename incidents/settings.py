@@ -1,11 +1,20 @@
 """Detector parameters: the defaults, overridden per cluster and per job at run time.
 
 A job's own DetectorSetting wins over its cluster's, which wins over the
-default here. Values are read on every detection pass.
+default here. Values are read on every detection pass, so a change made
+through `detector_settings_update` takes effect without a restart.
 """
 
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+
 from incidents.models import DetectorSetting
-from jobs.models import TrainingJob
+from jobs.models import Cluster, TrainingJob
+
+audit = logging.getLogger("rebound.audit")
 
 DEFAULTS: dict[str, float | int] = {
     # Crash loop (NVRx's nvrx-watch): this many launches within the window is a
@@ -44,6 +53,49 @@ DEFAULTS: dict[str, float | int] = {
 }
 
 
+# One line each, shown beside the value in the API and the admin.
+DESCRIPTIONS: dict[str, str] = {
+    "crash_loop.launches": "Launches within crash_loop.window_s that make a restart storm.",
+    "crash_loop.window_s": "Window (s) in which crash_loop.launches launches make a storm.",
+    "crash_loop.no_progress_launches": (
+        "Ended launches in a row without a newer checkpoint that make a crash loop."
+    ),
+    "hang.factor": "A hang: no step for this many times the longest step interval learned.",
+    "hang.floor_s": "The hang timeout is never shorter than this (s).",
+    "hang.skip_steps": "First steps of a launch not learned from (warm-up is slow).",
+    "hang.warmup_timeout_s": "Hang timeout (s) before any step interval is learned.",
+    "hang.save_allowance_s": "Extra time (s) allowed when a checkpoint save started in the gap.",
+    "hang.smoothing": "Weight (0..1] of the latest launch in the interval learned across launches.",
+    "straggler.windows": "Complete rank windows in a row a node must be slow to be a straggler.",
+    "repeat_offender.incidents": "Incidents naming one node within the window that flag it.",
+    "repeat_offender.window_s": "Window (s) for repeat_offender.incidents.",
+    "dead_node.timeout_s": "Silence (s) after which a node that sent heartbeats is dead.",
+    "loss.window": "Number of previous losses whose rolling median a spike is measured against.",
+    "loss.mad_factor": "Robust deviations (1.4826 x MAD) above the median that make a spike.",
+    "loss.min_rel": "A spike also exceeds the median by at least this fraction of it.",
+    "loss.warmup_steps": "Losses a launch reports before spikes are looked for.",
+    "episode.progress_steps": "Steps after a launch's fault that make a later fault a new episode.",
+}
+
+# Counts: whole numbers. Every parameter is > 0 (a few may be 0); hang.smoothing is in (0, 1].
+INTEGERS = frozenset(
+    {
+        "hang.skip_steps",
+        "loss.window",
+        "loss.warmup_steps",
+        "straggler.windows",
+        "repeat_offender.incidents",
+        "crash_loop.launches",
+        "crash_loop.no_progress_launches",
+        "episode.progress_steps",
+    }
+)
+AT_MOST_ONE = frozenset({"hang.smoothing"})
+# "None": skip no steps, look for spikes from the first window, no save allowance.
+ZERO_OK = frozenset({"hang.skip_steps", "loss.warmup_steps", "hang.save_allowance_s"})
+MAX_VALUE = 1e9  # far above any sensible count or number of seconds (31 years)
+
+
 def detector_settings(job: TrainingJob) -> dict[str, float | int]:
     """All parameters in force for `job`."""
     values = dict(DEFAULTS)
@@ -54,3 +106,138 @@ def detector_settings(job: TrainingJob) -> dict[str, float | int]:
     rows = DetectorSetting.objects.filter(job=job).values_list("name", "value")
     values.update({n: v for n, v in rows if n in DEFAULTS})
     return values
+
+
+# --- the API's read and write ---------------------------------------------------
+
+
+class InvalidSettings(Exception):
+    """Values that may not be set; `errors` names each: {"name", "reason"}."""
+
+    def __init__(self, errors: list[dict[str, str]]):
+        super().__init__("; ".join(f"{e['name']}: {e['reason']}" for e in errors))
+        self.errors = errors
+
+
+def detector_setting_check(name: str, value: Any) -> tuple[float | int | None, str | None]:
+    """`value` as stored for parameter `name` (None: remove the override), or why not."""
+    if name not in DEFAULTS:
+        return None, "unknown parameter"
+    if value is None:
+        return None, None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return None, "must be a number (or null to remove the override)"
+    if value < 0 or (value == 0 and name not in ZERO_OK):
+        return None, "must be at least 0" if name in ZERO_OK else "must be greater than 0"
+    if value > MAX_VALUE:  # detectors take float(value); a huge int would not convert
+        return None, f"must be at most {MAX_VALUE:.0f}"
+    if name in INTEGERS:
+        if value != int(value):
+            return None, "must be a whole number"
+        value = int(value)
+    if name in AT_MOST_ONE and value > 1:
+        return None, "must be greater than 0 and at most 1"
+    return value, None
+
+
+def _scope_rows(cluster: Cluster, job: TrainingJob | None):
+    if job is not None and job.cluster_id != cluster.pk:
+        raise ValueError(f"job {job.key} is not on cluster {cluster.name}")
+    if job is not None:
+        return DetectorSetting.objects.filter(job=job)
+    return DetectorSetting.objects.filter(cluster=cluster, job=None)
+
+
+def detector_settings_table(*, cluster: Cluster, job: TrainingJob | None = None) -> list[dict]:
+    """Every parameter, in DEFAULTS order, with its default, the cluster's and the
+    job's override and the value in force (as `detector_settings` decides it), and
+    who set the override in force, when."""
+    cluster_rows = {r.name: r for r in _scope_rows(cluster, None)}
+    job_rows = {r.name: r for r in _scope_rows(cluster, job)} if job is not None else {}
+    table = []
+    for name, default in DEFAULTS.items():
+        on_cluster, on_job = cluster_rows.get(name), job_rows.get(name)
+        in_force = on_job or on_cluster
+        table.append(
+            {
+                "name": name,
+                "description": DESCRIPTIONS[name],
+                "default": default,
+                "cluster_value": None if on_cluster is None else on_cluster.value,
+                "job_value": None if on_job is None else on_job.value,
+                "value": default if in_force is None else in_force.value,
+                "updated_at": None if in_force is None else in_force.updated_at,
+                "updated_by": None if in_force is None else in_force.updated_by,
+            }
+        )
+    return table
+
+
+@dataclass(frozen=True)
+class SettingChange:
+    name: str
+    scope: str  # "cluster east" or "job j1"
+    old: float | int | None  # None: no override (the default or the cluster's applied)
+    new: float | int | None
+
+
+def detector_settings_update(
+    *, cluster: Cluster, job: TrainingJob | None = None, values: dict[str, Any], actor: str
+) -> list[SettingChange]:
+    """Set the overrides of `cluster` (or of `job`, on that cluster): a value sets one,
+    null removes it. All or nothing: any invalid value raises InvalidSettings and
+    nothing is written. Each change is logged to "rebound.audit" once committed, and
+    the row keeps who made it; a value equal to the override in place changes nothing.
+    """
+    checked, errors = {}, []
+    for name, value in values.items():
+        checked[name], reason = detector_setting_check(name, value)
+        if reason:
+            errors.append({"name": name, "reason": reason})
+    if errors:
+        raise InvalidSettings(errors)
+    scope = f"job {job.key}" if job is not None else f"cluster {cluster.name}"
+    changes = []
+    with transaction.atomic():
+        # Settings writes of a cluster take turns: two first overrides of the same
+        # name would otherwise both insert, and the old value logged would be stale.
+        # NO KEY: ingest's inserts that reference the cluster are not held up.
+        Cluster.objects.select_for_update(no_key=True).get(pk=cluster.pk)
+        rows = {r.name: r for r in _scope_rows(cluster, job).filter(name__in=checked)}
+        for name, new in sorted(checked.items()):
+            row = rows.get(name)
+            old = None if row is None else row.value
+            if old == new:
+                continue
+            if new is None:
+                row.delete()
+            elif row is None:
+                DetectorSetting.objects.create(
+                    cluster=cluster, job=job, name=name, value=new, updated_by=actor
+                )
+            else:
+                row.value, row.updated_by = new, actor
+                row.save(update_fields=["value", "updated_by", "updated_at"])
+            changes.append(SettingChange(name, scope, old, new))
+        if changes:
+            transaction.on_commit(lambda: _audit(changes, actor))
+    return changes
+
+
+def _audit(changes: list[SettingChange], actor: str) -> None:
+    for c in changes:
+        audit.info(
+            "detector setting %s for %s changed from %s to %s by %s",
+            c.name,
+            c.scope,
+            "unset" if c.old is None else c.old,
+            "unset" if c.new is None else c.new,
+            actor or "unknown",
+            extra={
+                "setting": c.name,
+                "scope": c.scope,
+                "old": c.old,
+                "new": c.new,
+                "actor": actor,
+            },
+        )

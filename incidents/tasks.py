@@ -19,14 +19,15 @@ def open_reported(job_id: int) -> None:
 
 @shared_task(name="incidents.detect_job", time_limit=120, ignore_result=True)
 def detect_job(job_id: int) -> None:
-    """The full pass: open or update the job's incidents, inferred faults included, then
-    their figures; a repeat changes nothing."""
+    """The full pass: open or update the job's incidents, inferred faults included,
+    reading what was stored since the last pass; a repeat changes nothing. Figures
+    of incidents it changed are brought up to date at once; the others follow
+    the ledger's refreshes (see receivers)."""
     job = TrainingJob.objects.filter(pk=job_id).first()
     if job is None:
         return
     began = time.monotonic()
-    history = services.History(job)  # read once for detection and figures
-    services.incidents_detect(job=job, history=history)
-    services.incidents_update_figures(job=job, history=history)
-    # How long a full pass takes for this job: the receivers space passes by it.
+    if services.incidents_detect(job=job):
+        services.incidents_update_figures(job=job)
+    # How long a pass takes for this job: the receivers space passes by it.
     cache.set(f"incident-pass-s:{job_id}", time.monotonic() - began, timeout=3600)

@@ -23,6 +23,10 @@ LIFECYCLE_KINDS = (
     "attempt_ended",
     "job_finished",
 )
+# Of those, the few per launch (not the checkpoint saves, which come every few
+# minutes for the job's whole life): what detection reads on every pass.
+SAVE_KINDS = ("checkpoint_save_started", "checkpoint_saved")
+LAUNCH_KINDS = tuple(k for k in LIFECYCLE_KINDS if k not in SAVE_KINDS)
 
 
 class Cluster(models.Model):
@@ -155,6 +159,7 @@ class Event(models.Model):
         JOB_FINISHED = "job_finished"
 
     LIFECYCLE_KINDS = LIFECYCLE_KINDS
+    LAUNCH_KINDS = LAUNCH_KINDS
 
     job = models.ForeignKey(TrainingJob, related_name="events", **STREAM_FK)
     client_id = models.CharField(max_length=128)
@@ -177,6 +182,11 @@ class Event(models.Model):
                 fields=["job", "ts"],
                 name="event_lifecycle_by_job",
                 condition=Q(kind__in=LIFECYCLE_KINDS),
+            ),
+            models.Index(
+                fields=["job", "ts"],
+                name="event_launch_by_job",
+                condition=Q(kind__in=LAUNCH_KINDS),
             ),
         ]
 

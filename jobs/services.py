@@ -18,6 +18,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from jobs.accounting import compute_ledger, load_lifecycle, load_steps
 from jobs.bulk import (
     insert_ignoring_conflicts,
     insert_new,
@@ -31,12 +32,13 @@ from jobs.models import (
     Cluster,
     Event,
     HeartbeatBucket,
+    LedgerSnapshot,
     Node,
     RankWindow,
     StepRecord,
     TrainingJob,
 )
-from jobs.signals import events_stored
+from jobs.signals import events_stored, ledger_refreshed
 from jobs.wire import WireEvent, as_float
 
 logger = logging.getLogger(__name__)
@@ -193,6 +195,27 @@ def _refresh_ledgers(job_ids: list[int]) -> None:
     for job_id in job_ids:
         if cache.add(f"ledger-refresh:{job_id}", 1, timeout=LEDGER_REFRESH_DEBOUNCE_S):
             ledger_refresh.apply_async((job_id,), countdown=LEDGER_REFRESH_DEBOUNCE_S)
+
+
+def ledger_snapshot_refresh(*, job: TrainingJob) -> bool:
+    """Recompute the job's cumulative ledger unless the snapshot is current; tell
+    the apps that derive figures from it. Returns whether it recomputed."""
+    job.refresh_from_db(fields=["revision", "last_event_ts"])
+    current = LedgerSnapshot.objects.filter(job=job).values_list("revision", flat=True).first()
+    if current == job.revision:
+        return False
+    revision = job.revision  # read before the history: a newer ingest makes it stale again
+    steps = load_steps(job.id)
+    ledger = compute_ledger(job.key, load_lifecycle(job.id), steps, last_event_ts=job.last_event_ts)
+    LedgerSnapshot.objects.update_or_create(
+        job=job, defaults={"revision": revision, "figures": ledger.as_dict()}
+    )
+    for receiver, result in ledger_refreshed.send_robust(
+        sender=TrainingJob, job=job, ledger=ledger, steps=steps
+    ):
+        if isinstance(result, Exception):
+            logger.error("ledger_refreshed receiver %r failed: %r", receiver, result)
+    return True
 
 
 def _project(cluster: Cluster, jobs: dict[str, TrainingJob], fresh: list[WireEvent]) -> None:

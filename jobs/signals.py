@@ -3,8 +3,14 @@
 `events_stored` is sent after an ingest commits, with `sender=TrainingJob`,
 `job_ids` (the jobs that got new events) and `kinds` ({job id: set of the
 event kinds stored}). Receivers must be quick: they hand work to Celery.
+
+`ledger_refreshed` is sent (inside the refresh task) after a job's cumulative
+ledger was recomputed, with `job`, `ledger` (jobs.accounting.Ledger) and
+`steps` (jobs.accounting.Steps), so that figures derived from the ledger (an
+incident's lost GPU-hours) follow it without reading the job's history again.
 """
 
 from django.dispatch import Signal
 
 events_stored = Signal()
+ledger_refreshed = Signal()

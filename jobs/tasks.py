@@ -3,12 +3,12 @@
 from celery import shared_task
 
 from jobs.models import TrainingJob
-from jobs.selectors import job_goodput
+from jobs.services import ledger_snapshot_refresh
 
 
 @shared_task(name="jobs.ledger_refresh", time_limit=120, ignore_result=True)
 def ledger_refresh(job_id: int) -> None:
     """Recompute a job's cached ledger if it is stale; a repeat does nothing new."""
-    job = TrainingJob.objects.select_related("ledger").filter(pk=job_id).first()
+    job = TrainingJob.objects.filter(pk=job_id).first()
     if job is not None:
-        job_goodput(job=job)
+        ledger_snapshot_refresh(job=job)

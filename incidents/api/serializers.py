@@ -1,5 +1,7 @@
 """Incident serializers: the fields of the design contract (times RFC 3339, durations s)."""
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from incidents.models import Incident, TimelineEntry
@@ -134,3 +136,44 @@ class JobRanksSerializer(serializers.Serializer):
     first_step = serializers.IntegerField(allow_null=True)
     last_step = serializers.IntegerField(allow_null=True)
     ranks = RankScoreSerializer(many=True)
+
+
+@extend_schema_field(OpenApiTypes.NUMBER)
+class NumberField(serializers.Field):
+    """A JSON number as it is: counts stay integers. Input is checked by
+    incidents.settings, which tells a boolean or a string from a number."""
+
+    def to_internal_value(self, data):
+        return data
+
+    def to_representation(self, value):
+        return value
+
+
+class DetectorSettingSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    description = serializers.CharField()
+    default = NumberField()
+    cluster_value = NumberField(allow_null=True, help_text="the cluster's override")
+    job_value = NumberField(allow_null=True, help_text="the job's override (with ?job=)")
+    value = NumberField(help_text="in force: the job's, else the cluster's, else the default")
+    updated_at = serializers.DateTimeField(
+        allow_null=True, help_text="when the override in force was set"
+    )
+    updated_by = serializers.CharField(allow_null=True, help_text="who set the override in force")
+
+
+class DetectorSettingsUpdateSerializer(serializers.Serializer):
+    cluster = serializers.CharField(max_length=100)
+    job = serializers.CharField(
+        max_length=100,
+        required=False,
+        allow_null=True,
+        allow_blank=True,
+        help_text="set the job's overrides instead of the cluster's",
+    )
+    values = serializers.DictField(
+        child=NumberField(allow_null=True),
+        allow_empty=False,
+        help_text="parameter name -> new value, or null to remove the override",
+    )

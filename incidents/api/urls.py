@@ -11,4 +11,5 @@ urlpatterns = [
     path("reliability", views.ReliabilityView.as_view(), name="reliability"),
     path("nodes/", views.NodeListView.as_view(), name="node-list"),
     path("jobs/<slug:key>/ranks", views.JobRanksView.as_view(), name="job-ranks"),
+    path("detector-settings", views.DetectorSettingsView.as_view(), name="detector-settings"),
 ]

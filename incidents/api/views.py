@@ -1,11 +1,14 @@
-"""The incidents API: list and detail for viewers; resolve and notes for operators."""
+"""The incidents API: list and detail for viewers; resolve and notes for operators;
+detector settings per cluster and job, read by viewers and changed by operators."""
 
 from datetime import timedelta
 
 from django.http import Http404
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics
+from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -13,8 +16,13 @@ from console.exceptions import ApiError
 from incidents import selectors, services
 from incidents.api import serializers as s
 from incidents.models import Incident
+from incidents.settings import (
+    InvalidSettings,
+    detector_settings_table,
+    detector_settings_update,
+)
 from jobs.api.params import choice_param, time_param
-from jobs.models import Node, TrainingJob
+from jobs.models import Cluster, Node, TrainingJob
 from jobs.services import dt
 
 
@@ -140,3 +148,100 @@ class JobRanksView(APIView):
         if job is None:
             raise Http404("No such job.")
         return Response(s.JobRanksSerializer(selectors.job_rank_scores(job=job)).data)
+
+
+def _settings_scope(cluster_name: str | None, job_key: str | None):
+    """The cluster and (optional) job named: 404 for an unknown one, 400 for a job
+    of another cluster."""
+    if not cluster_name:
+        raise ApiError(400, "invalid_parameter", "cluster is required.", field="cluster")
+    cluster = Cluster.objects.filter(name=cluster_name).first()
+    if cluster is None:
+        raise ApiError(404, "not_found", f"No such cluster: {cluster_name}.", field="cluster")
+    if not job_key:
+        return cluster, None
+    job = TrainingJob.objects.select_related("cluster").filter(key=job_key).first()
+    if job is None:
+        raise ApiError(404, "not_found", f"No such job: {job_key}.", field="job")
+    if job.cluster_id != cluster.pk:
+        raise ApiError(
+            400,
+            "invalid_parameter",
+            f"Job {job_key} runs on cluster {job.cluster.name}, not {cluster_name}.",
+            field="job",
+        )
+    return cluster, job
+
+
+class _CommandBodySchema(AutoSchema):
+    """Documents a PATCH body as what it is here, a command whose fields are required
+    as its serializer says, not a partial object (drf-spectacular makes every PATCH
+    body partial; tests/incidents/test_settings_api.py checks that this holds)."""
+
+    def _get_request_for_media_type(self, serializer, direction="request"):
+        method = self.method
+        self.method = "POST" if method == "PATCH" else method
+        try:
+            return super()._get_request_for_media_type(serializer, direction)
+        finally:
+            self.method = method
+
+
+def _settings_response(cluster, job) -> Response:
+    table = detector_settings_table(cluster=cluster, job=job)
+    return Response(s.DetectorSettingSerializer(table, many=True).data)
+
+
+class DetectorSettingsView(APIView):
+    """Every detector parameter of a cluster (or job): its default, overrides and the
+    value in force. Detectors read them on every pass: a change applies at once."""
+
+    required_roles = {"GET": "viewer", "PATCH": "operator"}
+    parser_classes = [JSONParser]
+    schema = _CommandBodySchema()
+
+    @extend_schema(
+        summary="The parameters in force for a cluster, or one of its jobs",
+        parameters=[
+            OpenApiParameter("cluster", str, required=True),
+            OpenApiParameter("job", str, description="a job of that cluster: its overrides too"),
+        ],
+        responses={
+            200: s.DetectorSettingSerializer(many=True),
+            400: OpenApiResponse(description="no cluster, or a job of another cluster"),
+            404: OpenApiResponse(description="no such cluster or job"),
+        },
+    )
+    def get(self, request):
+        params = request.query_params
+        return _settings_response(*_settings_scope(params.get("cluster"), params.get("job")))
+
+    @extend_schema(
+        summary="Set or remove (null) a cluster's or a job's overrides, all or nothing",
+        request=s.DetectorSettingsUpdateSerializer,
+        responses={
+            200: s.DetectorSettingSerializer(many=True),
+            400: OpenApiResponse(
+                description="invalid values, each named with its reason; nothing was changed"
+            ),
+            404: OpenApiResponse(description="no such cluster or job"),
+        },
+    )
+    def patch(self, request):
+        form = s.DetectorSettingsUpdateSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        data = form.validated_data
+        cluster, job = _settings_scope(data["cluster"], data.get("job"))
+        try:
+            detector_settings_update(
+                cluster=cluster, job=job, values=data["values"], actor=_actor(request)
+            )
+        except InvalidSettings as exc:
+            raise ApiError(
+                400,
+                "invalid_settings",
+                f"{len(exc.errors)} of {len(data['values'])} values are invalid;"
+                " nothing was changed.",
+                errors=exc.errors,
+            ) from exc
+        return _settings_response(cluster, job)
