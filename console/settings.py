@@ -191,6 +191,10 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ALWAYS_EAGER = env_bool("REBOUND_CELERY_EAGER", False)
+# Periodic work, run by the worker started with --beat (scripts/run does).
+CELERY_BEAT_SCHEDULE = {
+    "incidents-sweep": {"task": "incidents.sweep", "schedule": 15.0},  # SWEEP_EVERY_S
+}
 
 LOGGING = {
     "version": 1,

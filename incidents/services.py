@@ -14,8 +14,10 @@ no fault reported is an episode of its own, until a fault for it arrives.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import numpy as np
+from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
@@ -25,7 +27,7 @@ from incidents.settings import detector_settings
 from incidents.watch import Signal, Watch, steps_between, watch_job
 from incidents.xid import APPLICATION, HARDWARE, xid_class
 from jobs.accounting import compute_ledger, load_lifecycle, load_steps
-from jobs.models import Checkpoint, Event, Node, TrainingJob
+from jobs.models import Checkpoint, Cluster, Event, Node, TrainingJob
 from jobs.services import dt, node_mark_suspect
 
 LAUNCH_FAULT = "launch_fault"
@@ -358,7 +360,9 @@ def _straggler_findings(watch: Watch) -> list[Finding]:
     return findings
 
 
-def incidents_detect(*, job: TrainingJob, inferred: bool = True) -> list[Incident]:
+def incidents_detect(
+    *, job: TrainingJob, inferred: bool = True, clock: float | None = None
+) -> list[Incident]:
     """Open or update the job's incidents from what it reported (faults, launches).
 
     With `inferred` off, only reported faults and launches count: a pass that
@@ -369,7 +373,8 @@ def incidents_detect(*, job: TrainingJob, inferred: bool = True) -> list[Inciden
     """
     # Read first, outside the job's lock (ingest takes it): the inferred part reads
     # what was stored since the last pass.
-    watch = watch_job(job, detector_settings(job)) if inferred else None
+    cfg = detector_settings(job)
+    watch = watch_job(job, cfg, clock=clock) if inferred else None
     findings = _launch_findings(job, watch)
     findings += _crash_loop_findings(job, findings)
     if watch is not None:
@@ -537,6 +542,75 @@ def _announce(changed: list[tuple[Incident, str]]) -> None:
         transaction.on_commit(
             lambda s=signal, i=incident: s.send(sender=Incident, incident=i), robust=True
         )
+
+
+# --- the sweep -------------------------------------------------------------------
+
+SWEEP_EVERY_S = 15
+SILENT_AFTER_S = 30  # a running job's reporters send something every few seconds
+HEARD_WITHIN_S = 3600  # a node heard from this recently is expected to go on
+_SWEEP_KEY = "incidents-sweep"
+
+
+@dataclass
+class SweepResult:
+    judged: list[str] = field(default_factory=list)  # silent jobs, judged on a moved clock
+    suspect: list[str] = field(default_factory=list)  # nodes that fell silent
+    changed: list[Incident] = field(default_factory=list)  # opened or updated by it
+    deaf: list[str] = field(default_factory=list)  # clusters nothing arrives from
+
+
+def incidents_sweep(*, now=None) -> SweepResult:
+    """Wall-clock checks for what a job's own clock cannot show: that it went silent.
+
+    A running job from which nothing arrived for SILENT_AFTER_S is judged with its
+    clock moved on by the silence, so a hang or dead nodes show; an active node not
+    heard from for longer than its dead-node timeout becomes suspect (an incident
+    when it hosts a running job, from that job's pass). Not judged: a cluster from
+    which nothing at all arrives (the path to it or the console's own ingest
+    failed: the jobs are not silent, the console is deaf), and silences older than
+    the sweep's own unbroken run (the console was down then).
+    """
+    now = now or timezone.now()
+    result = SweepResult()
+    previous = cache.get(_SWEEP_KEY) or {}
+    unbroken = previous.get("at") is not None and now.timestamp() - previous["at"] <= (
+        3 * SWEEP_EVERY_S
+    )
+    since = previous["since"] if unbroken else now.timestamp()
+    cache.set(_SWEEP_KEY, {"at": now.timestamp(), "since": since}, timeout=None)
+    if not unbroken:
+        return result  # nothing is known yet of what happened before this run began
+    heard = now - timedelta(seconds=SILENT_AFTER_S)
+    for cluster in Cluster.objects.all():
+        jobs = TrainingJob.objects.filter(cluster=cluster, status=TrainingJob.Status.RUNNING)
+        nodes = Node.objects.filter(cluster=cluster)
+        alive = (
+            jobs.filter(last_received_at__gte=heard).exists()
+            or nodes.filter(last_heard_at__gte=heard).exists()
+        )
+        silent_jobs = jobs.filter(last_received_at__lt=heard, last_received_at__gte=dt(since))
+        if not alive:
+            if silent_jobs.exists():
+                result.deaf.append(cluster.name)
+            continue
+        timeout = float(detector_settings(None, cluster_id=cluster.pk)["dead_node.timeout_s"])
+        quiet = nodes.filter(
+            state=Node.State.ACTIVE,
+            last_heard_at__lt=now - timedelta(seconds=timeout),
+            last_heard_at__gte=max(now - timedelta(seconds=HEARD_WITHIN_S), dt(since)),
+        )
+        for node in quiet:
+            if node_mark_suspect(node_id=node.pk):
+                result.suspect.append(node.name)
+        for job in silent_jobs.exclude(last_event_ts=None):
+            silent_s = (now - job.last_received_at).total_seconds()
+            changed = incidents_detect(job=job, clock=job.last_event_ts + silent_s)
+            result.judged.append(job.key)
+            if changed:
+                incidents_update_figures(job=job)
+                result.changed += changed
+    return result
 
 
 # --- figures -------------------------------------------------------------------

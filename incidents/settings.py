@@ -96,15 +96,17 @@ ZERO_OK = frozenset({"hang.skip_steps", "loss.warmup_steps", "hang.save_allowanc
 MAX_VALUE = 1e9  # far above any sensible count or number of seconds (31 years)
 
 
-def detector_settings(job: TrainingJob) -> dict[str, float | int]:
-    """All parameters in force for `job`."""
+def detector_settings(job: TrainingJob | None, *, cluster_id: int | None = None):
+    """All parameters in force for `job` (or, without one, for the cluster)."""
     values = dict(DEFAULTS)
-    rows = DetectorSetting.objects.filter(cluster_id=job.cluster_id, job=None).values_list(
+    cluster_id = job.cluster_id if job is not None else cluster_id
+    rows = DetectorSetting.objects.filter(cluster_id=cluster_id, job=None).values_list(
         "name", "value"
     )
     values.update({n: v for n, v in rows if n in DEFAULTS})
-    rows = DetectorSetting.objects.filter(job=job).values_list("name", "value")
-    values.update({n: v for n, v in rows if n in DEFAULTS})
+    if job is not None:
+        rows = DetectorSetting.objects.filter(job=job).values_list("name", "value")
+        values.update({n: v for n, v in rows if n in DEFAULTS})
     return values
 
 

@@ -1,5 +1,6 @@
 """Celery tasks of the incidents app: they take ids and call the services."""
 
+import logging
 import time
 
 from celery import shared_task
@@ -7,6 +8,8 @@ from django.core.cache import cache
 
 from incidents import services
 from jobs.models import TrainingJob
+
+logger = logging.getLogger(__name__)
 
 
 @shared_task(name="incidents.open_reported", time_limit=30, ignore_result=True)
@@ -31,3 +34,16 @@ def detect_job(job_id: int) -> None:
         services.incidents_update_figures(job=job)
     # How long a pass takes for this job: the receivers space passes by it.
     cache.set(f"incident-pass-s:{job_id}", time.monotonic() - began, timeout=3600)
+
+
+@shared_task(name="incidents.sweep", time_limit=120, ignore_result=True)
+def sweep() -> None:
+    """The periodic wall-clock check (Celery beat, every SWEEP_EVERY_S)."""
+    result = services.incidents_sweep()
+    if result.judged or result.suspect or result.deaf:
+        logger.info(
+            "sweep: judged %s, suspect %s, nothing heard from %s",
+            result.judged,
+            result.suspect,
+            result.deaf,
+        )

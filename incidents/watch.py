@@ -17,12 +17,13 @@ the order the events arrived in.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import F
 
 from incidents.models import DetectorState
 from jobs.accounting import Launch, Steps, build_launches
@@ -127,17 +128,27 @@ def _bounds(job: TrainingJob) -> dict[str, int]:
 
 
 def _rows(table: str, columns, job_id: int, after: int, upto: int):
+    if not after:  # everything: the job's rows
+        return load_columns(table, columns, "job_id = %s AND id <= %s", [job_id, upto])
+    # What was stored since: an id range (`job_id + 0` keeps the planner off the
+    # job's index, which would read all of the job's rows to intersect with it).
     return load_columns(
-        table, columns, "id > %s AND id <= %s AND job_id = %s", [after, upto, job_id]
+        table, columns, "id > %s AND id <= %s AND job_id + 0 = %s", [after, upto, job_id]
     )
 
 
 # --- the pass --------------------------------------------------------------------
 
 
-def watch_job(job: TrainingJob, cfg: dict) -> Watch:
-    """Advance the job's detector state over what was stored since the last pass."""
+def watch_job(job: TrainingJob, cfg: dict, *, clock: float | None = None) -> Watch:
+    """Advance the job's detector state over what was stored since the last pass.
+
+    `clock` (the sweep's) is where the job's clock would be had it gone on: the
+    open tail of a running launch is judged up to it."""
     cfg = {k: float(cfg[k]) for k in SETTINGS}
+    if clock is not None and (job.last_event_ts is None or clock > job.last_event_ts):
+        job = copy.copy(job)
+        job.last_event_ts = clock  # on this copy only: open tails run to it
     bounds = _bounds(job)
     with transaction.atomic():
         DetectorState.objects.get_or_create(job=job)
@@ -238,12 +249,15 @@ def _check_late_lifecycle(job, state: dict, upto: int) -> None:
     """A save start behind the steps already read changes the allowance of an
     interval already judged. (Launch starts and ends only move the open tail,
     which every pass judges anew, or the launches' order, checked above.)"""
-    late = Event.objects.filter(
-        job=job,
-        kind="checkpoint_save_started",
-        id__gt=state["cursor"]["event"],
-        id__lte=upto,
-    ).values_list("attempt", "ts")
+    after = state["cursor"]["event"]
+    if not after:
+        return  # a fresh state: nothing read yet
+    late = (
+        Event.objects.filter(id__gt=after, id__lte=upto, kind="checkpoint_save_started")
+        .annotate(job_plus=F("job_id") + 0)  # by id range, see _rows
+        .filter(job_plus=job.id)
+        .values_list("attempt", "ts")
+    )
     for attempt, ts in late:
         s = state["launches"].get(str(attempt), {}).get("steps")
         if s and s["n"] and ts < s["last_ts"]:
@@ -710,11 +724,18 @@ def _advance_beats(job, state, launches, finished, upto: int, cfg) -> list[Signa
     timeout = max(cfg["dead_node.timeout_s"], HeartbeatBucket.BUCKET_S)
     beats = state["beats"]
     heads = [o[0] for b in beats.values() for o in b["open"]]
-    rows = (
-        HeartbeatBucket.objects.filter(job=job)
-        .filter(Q(id__gt=state["cursor"]["beat"], id__lte=upto) | Q(id__in=heads))
-        .values_list("id", "node", "bucket", "first_ts", "last_ts")
-    )
+    columns = ("id", "node", "bucket", "first_ts", "last_ts")
+    after = state["cursor"]["beat"]
+    if after:  # the buckets stored since, by id range (see _rows), and the open ones
+        rows = list(
+            HeartbeatBucket.objects.filter(id__gt=after, id__lte=upto)
+            .annotate(job_plus=F("job_id") + 0)
+            .filter(job_plus=job.id)
+            .values_list(*columns)
+        )
+        rows += HeartbeatBucket.objects.filter(id__in=heads, job=job).values_list(*columns)
+    else:
+        rows = HeartbeatBucket.objects.filter(job=job, id__lte=upto).values_list(*columns)
     by_node: dict[str, list] = {}
     for row in rows:
         by_node.setdefault(row[1], []).append(row)

@@ -55,7 +55,9 @@ class Node(models.Model):
     name = models.CharField(max_length=128)
     state = models.CharField(max_length=16, choices=State.choices, default=State.ACTIVE)
     gpus = models.PositiveIntegerField(null=True, blank=True)
-    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)  # on the job's clock
+    # When the console last received a heartbeat from it (its own clock), for the sweep.
+    last_heard_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     state_changed_at = models.DateTimeField(auto_now_add=True)
 
@@ -89,6 +91,9 @@ class TrainingJob(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     last_step = models.BigIntegerField(null=True, blank=True)
     last_step_ts = models.FloatField(null=True, blank=True)
+    # The console's clock when the job's latest events arrived: a job that went
+    # silent cannot move its own clock, so the periodic sweep judges by this.
+    last_received_at = models.DateTimeField(null=True, blank=True)
     # Bumped by every ingest that stored something for the job: cached
     # figures computed at an older revision are stale.
     revision = models.BigIntegerField(default=0)

@@ -165,7 +165,7 @@ def events_ingest(*, cluster: Cluster, events: list[WireEvent]) -> IngestResult:
         jobs = _lock_jobs(cluster=cluster, keys={e.job for e in events})
         fresh = _insert_events(jobs, events, now)
         if fresh:
-            _project(cluster, jobs, fresh)
+            _project(cluster, jobs, fresh, now)
             touched = sorted({jobs[e.job].id for e in fresh})
             kinds: dict[int, set[str]] = defaultdict(set)
             for e in fresh:
@@ -218,7 +218,7 @@ def ledger_snapshot_refresh(*, job: TrainingJob) -> bool:
     return True
 
 
-def _project(cluster: Cluster, jobs: dict[str, TrainingJob], fresh: list[WireEvent]) -> None:
+def _project(cluster: Cluster, jobs: dict[str, TrainingJob], fresh: list[WireEvent], now) -> None:
     """What the new events add to steps, rank windows, nodes, attempts, checkpoints, jobs."""
     job_id = {k: j.id for k, j in jobs.items()}
 
@@ -266,13 +266,13 @@ def _project(cluster: Cluster, jobs: dict[str, TrainingJob], fresh: list[WireEve
                 [as_float(e.data.get("data_wait_s")) for e in windows],
             ],
         )
-    _record_heartbeats(node_ids, heartbeats, job_id)
+    _record_heartbeats(node_ids, heartbeats, job_id, now)
     attempts = _project_lifecycle(jobs, fresh, lifecycle, node_ids)
-    _update_jobs(jobs, fresh, lifecycle, attempts)
+    _update_jobs(jobs, fresh, lifecycle, attempts, now)
 
 
 def _record_heartbeats(
-    node_ids: dict[str, int], heartbeats: list[WireEvent], job_id: dict[str, int]
+    node_ids: dict[str, int], heartbeats: list[WireEvent], job_id: dict[str, int], now
 ) -> None:
     latest: dict[str, float] = {}
     spans: dict[tuple[int, str, int], list[float]] = {}
@@ -301,6 +301,7 @@ def _record_heartbeats(
     update_to_latest(
         Node, "last_heartbeat_at", {node_ids[name]: dt(ts) for name, ts in latest.items()}
     )
+    update_to_latest(Node, "last_heard_at", {node_ids[name]: now for name in latest})
 
 
 def _earlier(current: datetime | None, ts: float) -> bool:
@@ -409,7 +410,7 @@ def _lock_checkpoints(keys: set[tuple[int, int, int]]) -> dict[tuple[int, int, i
     }
 
 
-def _update_jobs(jobs, fresh, lifecycle, attempts) -> None:
+def _update_jobs(jobs, fresh, lifecycle, attempts, now) -> None:
     per_job: dict[str, list[WireEvent]] = defaultdict(list)
     for e in fresh:
         per_job[e.job].append(e)
@@ -434,6 +435,7 @@ def _update_jobs(jobs, fresh, lifecycle, attempts) -> None:
             job.status = _job_status(job, attempts_of.get(job.id))
         job.revision += 1
         job.events_count += len(evs)
+        job.last_received_at = now
         job.save(
             update_fields=[
                 "first_event_ts",
@@ -444,6 +446,7 @@ def _update_jobs(jobs, fresh, lifecycle, attempts) -> None:
                 "status",
                 "revision",
                 "events_count",
+                "last_received_at",
             ]
         )
 

@@ -53,3 +53,21 @@ def test_shuffled_batches_and_a_second_pass_give_the_same_incidents(ingest, samp
     entries = TimelineEntry.objects.count()
     detect("sample-small")
     assert TimelineEntry.objects.count() == entries
+
+
+def test_figures_follow_the_ledger_refresh(ingest, sample):
+    """A detection pass that opens nothing new leaves figures alone; the ledger's
+    refresh task brings them up to date from the same reading of the history."""
+    from incidents import services
+    from jobs.models import TrainingJob
+    from jobs.tasks import ledger_refresh
+
+    events, expected = sample
+    assert ingest(events).status_code == 202
+    job = TrainingJob.objects.get(key="sample-small")
+    services.incidents_detect(job=job)  # opened, no figures yet
+    assert all(i.recovered_at is None for i in Incident.objects.filter(job=job))
+    ledger_refresh(job.id)
+    assert_matches(list(Incident.objects.filter(job=job).order_by("fault_at")), expected)
+    ledger_refresh(job.id)  # nothing new: nothing recomputed, nothing changes
+    assert_matches(list(Incident.objects.filter(job=job).order_by("fault_at")), expected)
