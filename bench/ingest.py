@@ -2,6 +2,12 @@
 
     .venv/bin/python bench/ingest.py [--events-per-batch 1000] [--batches 400]
         [--clients 4] [--workers 2] [--max-seconds 45] [--database-url postgres://...]
+        [--worker [--redis-url redis://...]]
+
+With --worker, a Celery worker on Redis runs what ingest hands off while the
+clients post (detection passes, ledger refreshes), as in production; it
+prints the worker's CPU per 1,000 events and how long its queue took to
+empty once posting stopped.
 
 1. Migrates `rebound_bench` (creating it if needed), issues an ingest token for
    cluster `bench`.
@@ -244,6 +250,30 @@ def stop_server(server: subprocess.Popen) -> None:
         server.wait(timeout=5)
 
 
+def start_worker(url: str, var_dir: str) -> subprocess.Popen:
+    """One Celery worker process, as scripts/run starts it, on this run's queue."""
+    env = dict(os.environ, DATABASE_URL=url, REBOUND_VAR_DIR=var_dir)
+    cmd = [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool", "solo"]
+    cmd += ["--without-gossip", "--without-mingle", "--loglevel", "WARNING"]
+    cmd += ["-Q", env["REBOUND_CELERY_QUEUE"]]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env)
+
+
+def worker_cpu(worker: subprocess.Popen | None) -> float:
+    return process_cpu(worker.pid) if worker is not None else 0.0
+
+
+def drain(redis_url: str, queue: str, timeout: float = 120.0) -> float:
+    """Seconds until the worker's queue is empty (what it had left to do)."""
+    import redis
+
+    r = redis.Redis.from_url(redis_url)
+    t = time.perf_counter()
+    while r.llen(queue) and time.perf_counter() - t < timeout:
+        time.sleep(0.1)
+    return time.perf_counter() - t
+
+
 # --- posting ---------------------------------------------------------------------
 
 
@@ -430,6 +460,12 @@ def main() -> int:
         "--max-seconds", type=float, default=45, help="stop posting timed batches after this"
     )
     p.add_argument("--keep", action="store_true", help="keep this run's rows")
+    p.add_argument(
+        "--worker",
+        action="store_true",
+        help="run a Celery worker (Redis) doing the ingest's detection and ledger work meanwhile",
+    )
+    p.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     args = p.parse_args()
     size = args.events_per_batch
 
@@ -471,6 +507,10 @@ def main() -> int:
     base = f"http://127.0.0.1:{port}"
     var_dir = tempfile.mkdtemp(prefix="rebound-bench-")
     connection.close()  # this process's own connection stays out of the CPU figures
+    worker = None
+    if args.worker:  # the server queues its tasks on Redis, to a queue of this run's own
+        os.environ.update(REDIS_URL=args.redis_url, REBOUND_CELERY_QUEUE=f"bench-ingest-{run}")
+        worker = start_worker(args.database_url, var_dir)
     server = start_server(args.database_url, args.workers, port, var_dir)
     clients: list[Client] = []
     try:
@@ -491,16 +531,21 @@ def main() -> int:
             for c in clients:
                 c.deadline = t0 + args.max_seconds
             go.wait(timeout=10)
+            worker_cpu0 = worker_cpu(worker)
             for c in clients:
                 c.join(timeout=args.max_seconds + 60)
             api_s = time.perf_counter() - t0
             cpu1 = meter.sample()
+            worker_s = worker_cpu(worker) - worker_cpu0
+            drain_s = drain(args.redis_url, os.environ["REBOUND_CELERY_QUEUE"]) if worker else 0
         except threading.BrokenBarrierError:
             broken = "the clients' warm-up did not finish in time"
         else:
             broken = None
         finally:
             stop_server(server)
+            if worker is not None:
+                stop_server(worker)
             shutil.rmtree(var_dir, ignore_errors=True)
         errors = [c.error for c in clients if c.error] + [
             "a client did not finish" for c in clients if c.is_alive()
@@ -523,6 +568,12 @@ def main() -> int:
             f" p95 {lat[int(len(lat) * 0.95)] * 1000:.0f} ms)"
         )
         print("      " + CpuMeter.report(cpu0, cpu1, api_s, n_events))
+        if worker is not None:
+            print(
+                f"      Celery worker (detection passes, ledger refreshes): {worker_s:.1f} s CPU"
+                f" while timed, {worker_s * 1e6 / n_events:.0f} ms per 1,000 events;"
+                f" its queue was empty {drain_s:.1f} s after posting stopped"
+            )
 
         # The same rows, for fresh jobs so nothing conflicts with what the API stored.
         bench_cluster = TrainingJob.objects.get(key=f"{prefix}00").cluster
