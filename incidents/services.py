@@ -644,10 +644,11 @@ def incidents_update_figures(*, job: TrainingJob, ledger=None, steps=None) -> li
             k = order.get(incident.attempt)
             if k is None:
                 continue
-            if incident is last_of_launch[incident.attempt]:
+            survived = _survived(incident, ledger.launches[k], steps)
+            if incident is last_of_launch[incident.attempt] and not survived:
                 updates = _figures(incident, ledger.launches, k, steps)
             else:
-                updates = _in_launch_figures(incident, steps)
+                updates = _in_launch_figures(incident, ledger.launches[k], steps)
             updates = {f: v for f, v in updates.items() if getattr(incident, f) != v}
             if not updates:
                 continue
@@ -710,20 +711,38 @@ def _figures(incident: Incident, launches, k: int, steps) -> dict:
     }
 
 
-def _in_launch_figures(incident: Incident, steps) -> dict:
+def _survived(incident: Incident, launch, steps) -> bool:
+    """A hang the launch came out of by itself: it completed, or stepped on past it."""
+    if incident.fault_type != "hang":
+        return False
+    fault_ts = incident.fault_at.timestamp()
+    return launch.completed or bool(
+        ((steps.attempt == incident.attempt) & (steps.ts > fault_ts)).any()
+    )
+
+
+def _in_launch_figures(incident: Incident, launch, steps) -> dict:
     """An episode the launch went on after: it resumed at the launch's next step and
-    recovered at its first step past the highest before the fault. The ledger
-    counts that time inside steps (and as slowdown), not as badput: nothing lost."""
+    recovered at its first step past the highest before the fault. Its time stays
+    inside steps in the ledger (no badput); what a hang the launch survived cost
+    is its stall beyond the launch's usual step interval, x the world size, shown
+    as slowdown (as a straggler's cost is)."""
     fault_ts = incident.fault_at.timestamp()
     same = (steps.attempt == incident.attempt) & (steps.ts > fault_ts)
     before = steps.ts <= fault_ts
     highest = int(steps.step[before].max()) if before.any() else -1
     beyond = same & (steps.step > highest)
+    resumed = float(steps.ts[same].min()) if same.any() else None
+    breakdown = {}
+    if incident.fault_type == "hang" and resumed is not None:
+        own = np.sort(steps.ts[steps.attempt == incident.attempt])
+        usual = float(np.median(np.diff(own))) if len(own) > 2 else 0.0
+        breakdown["slowdown"] = max(0.0, resumed - fault_ts - usual) * (launch.world_size or 1)
     return {
-        "resumed_at": dt(float(steps.ts[same].min())) if same.any() else None,
+        "resumed_at": dt(resumed) if resumed is not None else None,
         "recovered_at": dt(float(steps.ts[beyond].min())) if beyond.any() else None,
-        "lost_breakdown": {},
-        "lost_gpu_seconds": 0.0,
+        "lost_breakdown": breakdown,
+        "lost_gpu_seconds": sum(breakdown.values()),
     }
 
 

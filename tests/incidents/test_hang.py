@@ -176,3 +176,16 @@ def test_the_quick_pass_opens_and_the_full_pass_names_the_earlier_hang(ingest):
     assert (updated.pk, updated.fault_type) == (opened.pk, "hang")
     assert services.incidents_detect(job=job, inferred=False) == []
     assert Incident.objects.get().fault_type == "hang"
+
+
+def test_a_hang_the_launch_comes_out_of_costs_its_stall(ingest):
+    """Steps stop for 200 s, then go on in the same launch: a hang, resumed and
+    recovered within the launch; it cost the stall beyond the usual 1 s step on 8 GPUs."""
+    times = [11 + i for i in range(20)] + [230 + i for i in range(20)]
+    [hang] = hangs(ingest, start() + steps(times) + heartbeats(11, 260))
+    assert hang.fault_at.timestamp() == pytest.approx(T0 + 30)
+    assert hang.resumed_at.timestamp() == pytest.approx(T0 + 230)
+    assert hang.recovered_at.timestamp() == pytest.approx(T0 + 230)  # step 21
+    assert hang.lost_breakdown == {"slowdown": pytest.approx((200 - 1) * 8)}
+    assert hang.lost_gpu_seconds == pytest.approx((200 - 1) * 8)
+    assert hang.state == Incident.State.RECOVERED
