@@ -1,0 +1,861 @@
+"""A local cluster on this machine: virtual nodes, real torch ranks, fault injection.
+
+Owns launching the demo job (`agent.demo_train`) as real processes, keeping
+track of them in a state directory any process can read, tearing a launch
+down, and injecting faults. It needs neither Django nor torch, so a Celery
+worker (or a shell) can drive it:
+
+    from agent.cluster import LocalCluster
+
+    c = LocalCluster.create("var/cluster", nodes={"node-a": 2, "node-b": 2, "node-c": 2},
+                            sink={"events": "var/cluster/events.jsonl"})
+    c.start_node_agents()                       # a heartbeat process per node
+    c.launch("llm", nodes=["node-a", "node-b"], steps=500, ckpt_every=50)
+    c.slow_rank("llm", 3, 4.0)                  # fault injection
+    c.kill_rank("llm", 1)                       # -> the launch fails, its ranks are torn down
+    c.replace_node("llm", "node-a")             # attempt 2 on node-b + a spare, from the checkpoint
+    c.status("llm")
+
+Each launch (an attempt) runs under a supervisor process (the torchrun of this
+cluster): it starts one process per rank, each in its own process group, ranks
+spread evenly over the launch's nodes; it records their pids and exit codes;
+when one rank fails it tears the others down (SIGTERM, then SIGKILL) and
+reports the launch's end (`attempt_ended` failed, and a `fault` crash naming
+the rank and node that died first, unless it died of a lost peer). Rank 0
+reports a completed launch itself.
+
+The state directory (default `var/cluster`, or $REBOUND_CLUSTER_DIR):
+
+    cluster.json                 nodes and their slots, where events go, heartbeat period
+    nodes/<node>.json            the node's flags (heartbeats on/off), read by its agent and ranks
+    nodes/<node>.agent.json      the node agent's pid
+    jobs/<job>/job.json          the job's latest attempt
+    jobs/<job>/control.json      fault switches the ranks read every step (agent.control)
+    jobs/<job>/checkpoints/      the shared checkpoint directory
+    jobs/<job>/attempts/<n>/plan.json    what was launched: placement, port, training arguments
+    jobs/<job>/attempts/<n>/procs.json   the supervisor's record: pids, states, exit codes
+    jobs/<job>/attempts/<n>/*.log        the supervisor's and each rank's output
+
+Node heartbeats: the wire format wants a job on every event, so a node agent
+sends one `heartbeat` (node set, no rank) per running launch that has ranks on
+its node, and none while it runs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from agent import control
+from agent.checkpoints import latest_checkpoint
+from agent.sinks import make_sink
+
+REPO = Path(__file__).resolve().parents[1]
+# agent.demo_train's exit codes: bad options (or a named checkpoint that is missing),
+# and a collective that failed because of a peer (a symptom, not a crash of its own).
+EXIT_CONFIG = 2
+EXIT_PEER_LOST = 3
+TERMINAL = frozenset({"completed", "failed", "killed", "lost"})
+RUNNING = frozenset({"starting", "running", "stopping"})
+
+
+def default_root() -> Path:
+    return Path(os.environ.get("REBOUND_CLUSTER_DIR", "var/cluster"))
+
+
+class ClusterError(Exception):
+    pass
+
+
+# --- processes ---------------------------------------------------------------------------
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks) of a live process, None when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return fields[0], int(fields[19])
+
+
+def _alive(pid: int | None, start: int | None = None) -> bool:
+    """Whether `pid` is the same process still running (a zombie is not; a reused pid is not)."""
+    if not pid:
+        return False
+    st = _proc_stat(pid)
+    if st is None or st[0] in ("Z", "X"):
+        return False
+    return start is None or st[1] == start
+
+
+def _proc_state(pid, start) -> str:
+    st = _proc_stat(pid) if pid else None
+    if st is None or st[0] in ("Z", "X") or (start is not None and st[1] != start):
+        return "gone"
+    return "stopped" if st[0] in ("T", "t") else "running"
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn_detached(args: list[str], log: Path) -> None:
+    """Starts `python -m agent.cluster ARGS --detach`, which forks its real work off and
+    returns at once, so the real process is nobody's child here (no zombie to reap)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "agent.cluster", *args, "--detach"],
+            cwd=REPO,
+            env=_child_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    if p.wait(timeout=30) != 0:
+        raise ClusterError(f"could not start {' '.join(args[:1])}: see {log}")
+
+
+def _child_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra or {})
+    return env
+
+
+def _detach() -> None:
+    """Forks: the parent (the launcher's child) exits, the child carries on."""
+    if os.fork() > 0:
+        os._exit(0)
+
+
+# --- the cluster -------------------------------------------------------------------------
+
+
+class LocalCluster:
+    """Virtual nodes on this machine and the launches running on them; all state on disk."""
+
+    def __init__(self, root=None):
+        self.root = Path(root) if root is not None else default_root()
+        self.root = self.root.resolve()
+        config = control.read_json(self.root / "cluster.json")
+        if config is None:
+            raise ClusterError(f"no cluster at {self.root}: LocalCluster.create() it first")
+        self.config = config
+
+    @classmethod
+    def create(
+        cls, root=None, *, nodes: dict[str, int], sink: dict | None = None, heartbeat_s=5.0
+    ) -> LocalCluster:
+        """Writes (or rewrites) the cluster's configuration: nodes {name: slots}, where events
+        go ({"events": path} and/or {"url": ..., "token": ...}), the node heartbeat period."""
+        root = (Path(root) if root is not None else default_root()).resolve()
+        for name, slots in nodes.items():
+            if not control.SLUG.match(name) or int(slots) < 1:
+                raise ClusterError(f"bad node {name!r}: a slug with slots >= 1")
+        sink = dict(sink or {})
+        if sink.get("events"):
+            sink["events"] = str(Path(sink["events"]).resolve())
+        root.mkdir(parents=True, exist_ok=True)
+        path = root / "cluster.json"
+        control.write_json(
+            path,
+            {
+                "nodes": {n: int(s) for n, s in nodes.items()},
+                "sink": sink,
+                "heartbeat_s": float(heartbeat_s),
+            },
+        )
+        os.chmod(path, 0o600)  # it may hold an ingest token
+        return cls(root)
+
+    # paths
+
+    def job_dir(self, job: str) -> Path:
+        if not control.SLUG.match(job):
+            raise ClusterError(f"bad job key {job!r}")
+        return self.root / "jobs" / job
+
+    def attempt_dir(self, job: str, attempt: int) -> Path:
+        return self.job_dir(job) / "attempts" / str(int(attempt))
+
+    def control_path(self, job: str) -> Path:
+        return self.job_dir(job) / "control.json"
+
+    def checkpoint_dir(self, job: str) -> Path:
+        return self.job_dir(job) / "checkpoints"
+
+    def node_flags_path(self, node: str) -> Path:
+        return self.root / "nodes" / f"{node}.json"
+
+    @property
+    def nodes(self) -> dict[str, int]:
+        return dict(control.read_json(self.root / "cluster.json", self.config)["nodes"])
+
+    @property
+    def sink_spec(self) -> dict:
+        return dict(self.config.get("sink") or {})
+
+    def sink(self, job: str, **defaults):
+        return make_sink(self.sink_spec, job=job, **defaults)
+
+    def latest_checkpoint(self, job: str) -> int | None:
+        return latest_checkpoint(self.checkpoint_dir(job))
+
+    # reading state
+
+    def current_attempt(self, job: str) -> int | None:
+        info = control.read_json(self.job_dir(job) / "job.json")
+        return info["attempt"] if info else None
+
+    def plan(self, job: str, attempt: int | None = None) -> dict:
+        attempt = attempt or self.current_attempt(job)
+        plan = control.read_json(self.attempt_dir(job, attempt) / "plan.json") if attempt else None
+        if plan is None:
+            raise ClusterError(f"job {job} has no launch {attempt or ''}".strip())
+        return plan
+
+    def status(self, job: str, attempt: int | None = None) -> dict:
+        """The launch's state (starting, running, stopping, completed, failed, killed, or
+        lost when its supervisor vanished) and each rank's: pid, node, state (running,
+        stopped, exited) and exit code."""
+        plan = self.plan(job, attempt)
+        procs = control.read_json(self.attempt_dir(job, plan["attempt"]) / "procs.json") or {}
+        state = procs.get("state", "starting")
+        supervised = _alive(procs.get("supervisor_pid"), procs.get("supervisor_start"))
+        if (
+            state in RUNNING
+            and not supervised
+            and (procs or time.time() - plan["launched_at"] > 30)
+        ):
+            state = "lost"  # its supervisor died (or never started) before recording an end
+        ranks = []
+        by_rank = {r["rank"]: r for r in procs.get("ranks", [])}
+        for slot in plan["ranks"]:
+            r = by_rank.get(slot["rank"], {})
+            rc = r.get("returncode")
+            ranks.append(
+                {
+                    "rank": slot["rank"],
+                    "node": slot["node"],
+                    "pid": r.get("pid"),
+                    "state": _proc_state(r.get("pid"), r.get("start")) if rc is None else "exited",
+                    "returncode": rc,
+                }
+            )
+        return {
+            "job": job,
+            "attempt": plan["attempt"],
+            "state": state,
+            "world_size": plan["world_size"],
+            "nodes": plan["nodes"],
+            "resume_step": plan.get("resume_step"),
+            "launched_at": plan["launched_at"],
+            "ended_at": procs.get("ended_at"),
+            "failure": procs.get("failure"),
+            "ranks": ranks,
+        }
+
+    def jobs(self) -> list[str]:
+        try:
+            return sorted(p.name for p in (self.root / "jobs").iterdir() if p.is_dir())
+        except FileNotFoundError:
+            return []
+
+    def running(self) -> list[dict]:
+        """The status of every launch that is starting, running or stopping."""
+        out = []
+        for job in self.jobs():
+            with contextlib.suppress(ClusterError):
+                st = self.status(job)
+                if st["state"] in RUNNING:
+                    out.append(st)
+        return out
+
+    def used_slots(self) -> dict[str, int]:
+        used: dict[str, int] = {}
+        for st in self.running():
+            for r in st["ranks"]:
+                used[r["node"]] = used.get(r["node"], 0) + 1
+        return used
+
+    def free_nodes(self) -> list[str]:
+        """Nodes with no rank of a running launch (spares), in configuration order."""
+        used = self.used_slots()
+        return [n for n in self.nodes if not used.get(n)]
+
+    def wait(self, job: str, timeout_s: float = 60.0, states=TERMINAL) -> dict:
+        """Polls until the current launch is in one of `states`; returns its status."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            st = self.status(job)
+            if st["state"] in states:
+                return st
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job} still {st['state']} after {timeout_s} s")
+            time.sleep(0.1)
+
+    # launching
+
+    def launch(
+        self,
+        job: str,
+        *,
+        nodes: list[str],
+        world_size: int | None = None,
+        attempt: int | None = None,
+        resume_step: int | None = None,
+        wait_s: float = 30.0,
+        **train,
+    ) -> dict:
+        """Starts a launch of `job` on `nodes`: `world_size` ranks (default: every slot)
+        spread evenly over them, continuing from the latest complete checkpoint or from
+        `resume_step`. `train` are agent.demo_train options (steps=, global_batch=,
+        micro_batch=, ckpt_every=, window=, heartbeat_s=, collective_timeout_s=, ...).
+        Returns its status once every rank's process is started."""
+        config_nodes = self.nodes
+        unknown = [n for n in nodes if n not in config_nodes]
+        if unknown or not nodes or len(set(nodes)) != len(nodes):
+            raise ClusterError(f"nodes must be distinct nodes of the cluster; unknown: {unknown}")
+        capacity = sum(config_nodes[n] for n in nodes)
+        world = int(world_size or capacity)
+        per_node = -(-world // len(nodes))
+        if world < 1 or any(config_nodes[n] < min(per_node, world) for n in nodes):
+            raise ClusterError(f"{world} ranks do not fit evenly on {nodes}")
+        gb, mb = train.get("global_batch"), train.get("micro_batch")
+        if gb and mb and gb % (world * mb):
+            raise ClusterError(
+                f"global batch {gb} is not a multiple of {world} ranks x micro-batch {mb}"
+            )
+        job_dir = self.job_dir(job)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        with _locked(job_dir / ".launch.lock"):
+            last = self.current_attempt(job)
+            if last is not None:
+                prev = self.status(job)
+                live = [r["rank"] for r in prev["ranks"] if r["state"] in ("running", "stopped")]
+                if prev["state"] in RUNNING or live:
+                    raise ClusterError(f"job {job} attempt {last} is still running: stop it first")
+            if attempt is None:
+                attempt = (last or 0) + 1
+            elif last is not None and attempt <= last:
+                raise ClusterError(f"attempt {attempt} is not after attempt {last}")
+            used = self.used_slots()
+            ranks, placed = [], []
+            for node in nodes:
+                n = min(per_node, world - len(ranks))
+                if n <= 0:
+                    break
+                if used.get(node, 0) + n > config_nodes[node]:
+                    raise ClusterError(f"node {node} has no {n} free slots")
+                placed.append(node)
+                ranks.extend(
+                    {"rank": len(ranks) + i, "node": node, "local_rank": i} for i in range(n)
+                )
+            plan = {
+                "job": job,
+                "attempt": attempt,
+                "world_size": world,
+                "nodes": placed,
+                "gpus_per_node": per_node,
+                "ranks": ranks,
+                "master_port": free_port(),
+                "resume_step": resume_step,
+                "launched_at": time.time(),
+                "train": train,
+            }
+            adir = self.attempt_dir(job, attempt)
+            adir.mkdir(parents=True, exist_ok=True)
+            control.write_json(adir / "plan.json", plan)
+            control.write_json(job_dir / "job.json", {"job": job, "attempt": attempt})
+        _spawn_detached(
+            ["supervise", "--root", str(self.root), "--job", job, "--attempt", str(attempt)],
+            adir / "supervisor.log",
+        )
+        return self.wait(job, wait_s, states=TERMINAL | {"running"})
+
+    def relaunch(
+        self,
+        job: str,
+        *,
+        nodes: list[str] | None = None,
+        world_size: int | None = None,
+        resume_step: int | None = None,
+        **train,
+    ) -> dict:
+        """Stops the current launch if it runs, and launches the next attempt with the same
+        training options (updated by `train`), on `nodes` (default: the same ones) with
+        `world_size` ranks (default: as before, or every slot of the new nodes)."""
+        plan = self.plan(job)
+        self.stop(job)
+        if world_size is None:
+            world_size = plan["world_size"] if nodes is None else None
+        return self.launch(
+            job,
+            nodes=nodes or plan["nodes"],
+            world_size=world_size,
+            resume_step=resume_step,
+            **{**plan["train"], **train},
+        )
+
+    def replace_node(self, job: str, node: str, spare: str | None = None, **train) -> dict:
+        """Relaunches `job` with `node` swapped for `spare` (default: the first free node
+        with as many slots), same world size, from the latest checkpoint."""
+        plan = self.plan(job)
+        if node not in plan["nodes"]:
+            raise ClusterError(f"job {job} does not run on {node}")
+        self.stop(job)
+        if spare is None:
+            need = sum(1 for r in plan["ranks"] if r["node"] == node)
+            spares = [
+                n for n in self.free_nodes() if n not in plan["nodes"] and self.nodes[n] >= need
+            ]
+            if not spares:
+                raise ClusterError("no spare node free")
+            spare = spares[0]
+        nodes = [spare if n == node else n for n in plan["nodes"]]
+        return self.relaunch(job, nodes=nodes, world_size=plan["world_size"], **train)
+
+    def scale_down(self, job: str, drop: list[str] | str, **train) -> dict:
+        """Relaunches `job` without the `drop` node(s), on fewer ranks (those the other nodes
+        ran). The global batch stays: each rank accumulates more micro-batches."""
+        drop = [drop] if isinstance(drop, str) else list(drop)
+        plan = self.plan(job)
+        nodes = [n for n in plan["nodes"] if n not in drop]
+        if not nodes:
+            raise ClusterError("no node left")
+        world = sum(1 for r in plan["ranks"] if r["node"] in nodes)
+        return self.relaunch(job, nodes=nodes, world_size=world, **train)
+
+    def stop(self, job: str, timeout_s: float = 20.0) -> dict:
+        """Tears the current launch down (its end is reported as killed); returns its status."""
+        if self.current_attempt(job) is None:
+            raise ClusterError(f"job {job} was never launched")
+        st = self.status(job)
+        if st["state"] in TERMINAL and not any(r["state"] != "exited" for r in st["ranks"]):
+            return st
+        procs_path = self.attempt_dir(job, st["attempt"]) / "procs.json"
+        procs = control.read_json(procs_path) or {}
+        if st["state"] in RUNNING:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(procs.get("supervisor_pid") or 0, signal.SIGTERM)
+            try:
+                return self.wait(job, timeout_s)
+            except TimeoutError:
+                pass
+        # No supervisor to do it: kill the ranks here.
+        for r in procs.get("ranks", []):
+            if _alive(r.get("pid"), r.get("start")):
+                _signal_group(r["pid"], signal.SIGKILL)
+        return self.status(job)
+
+    # fault injection
+
+    def _rank(self, job: str, rank: int) -> dict:
+        st = self.status(job)
+        procs = control.read_json(self.attempt_dir(job, st["attempt"]) / "procs.json") or {}
+        for r in procs.get("ranks", []):
+            if r["rank"] == rank:
+                if not _alive(r.get("pid"), r.get("start")):
+                    raise ClusterError(f"rank {rank} of {job} is not running")
+                return r
+        raise ClusterError(f"job {job} has no rank {rank}")
+
+    def kill_rank(self, job: str, rank: int, sig: int = signal.SIGKILL) -> int:
+        """Sends `sig` (SIGKILL: a crash) to a rank's process; returns its pid."""
+        r = self._rank(job, rank)
+        os.kill(r["pid"], sig)
+        return r["pid"]
+
+    def hang_rank(self, job: str, rank: int) -> int:
+        """SIGSTOPs a rank: it holds its sockets open and answers nothing, like a hung GPU."""
+        return self.kill_rank(job, rank, signal.SIGSTOP)
+
+    def resume_rank(self, job: str, rank: int) -> int:
+        """SIGCONTs a stopped rank."""
+        return self.kill_rank(job, rank, signal.SIGCONT)
+
+    def slow_rank(self, job: str, rank: int, factor: float) -> None:
+        """Makes a rank's compute take `factor` times as long (1: back to normal)."""
+        control.set_slow(self.control_path(job), rank, factor)
+
+    def corrupt_loss(
+        self,
+        job: str,
+        mode: str,
+        *,
+        from_step: int,
+        until_step: int | None = None,
+        factor: float = 10.0,
+        rank: int | None = None,
+    ) -> None:
+        """From `from_step`, the loss is NaN (mode "nan") or `factor` times itself ("spike")."""
+        control.set_loss_fault(
+            self.control_path(job),
+            mode,
+            from_step=from_step,
+            until_step=until_step,
+            factor=factor,
+            rank=rank,
+        )
+
+    def clear_faults(self, job: str) -> None:
+        control.clear_faults(self.control_path(job))
+
+    def report_xid(self, node: str, xid: int, *, message: str | None = None, kill=False) -> list:
+        """Reports a GPU Xid on `node` as its node agent would: a `fault` of type gpu_xid with
+        the node and no attempt, to every launch running there. With `kill`, the node's ranks
+        then die (SIGKILL), as they do after Xid 79 (fallen off the bus). Returns the jobs."""
+        jobs = []
+        for st in self.running():
+            if node not in st["nodes"]:
+                continue
+            sink = self.sink(st["job"])
+            data = {"type": "gpu_xid", "xid": int(xid)}
+            data["message"] = message or f"NVRM: Xid (PCI:0000:00:00): {int(xid)}"
+            sink.emit("fault", data, node=node)
+            sink.close()
+            jobs.append(st["job"])
+            if kill:
+                for r in st["ranks"]:
+                    if r["node"] == node and r["pid"]:
+                        with contextlib.suppress(ClusterError, ProcessLookupError):
+                            self.kill_rank(st["job"], r["rank"])
+        return jobs
+
+    def stop_heartbeats(self, node: str) -> None:
+        """The node falls silent: its agent and the ranks on it stop sending heartbeats."""
+        control.set_node_heartbeats(self.node_flags_path(node), False)
+
+    def start_heartbeats(self, node: str) -> None:
+        control.set_node_heartbeats(self.node_flags_path(node), True)
+
+    # node agents
+
+    def start_node_agents(self, nodes: list[str] | None = None) -> None:
+        """Starts a heartbeat process for each node (those not already running one)."""
+        for node in nodes or list(self.nodes):
+            if self.node_agent_pid(node):
+                continue
+            _spawn_detached(
+                ["node-agent", "--root", str(self.root), "--node", node],
+                self.root / "nodes" / f"{node}.agent.log",
+            )
+            deadline = time.monotonic() + 10
+            while not self.node_agent_pid(node):
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"node agent of {node} did not start")
+                time.sleep(0.05)
+
+    def node_agent_pid(self, node: str) -> int | None:
+        info = control.read_json(self.root / "nodes" / f"{node}.agent.json") or {}
+        return info["pid"] if _alive(info.get("pid"), info.get("start")) else None
+
+    def stop_node_agents(self, nodes: list[str] | None = None) -> None:
+        for node in nodes or list(self.nodes):
+            pid = self.node_agent_pid(node)
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+
+    def shutdown(self) -> None:
+        """Stops every running launch and every node agent."""
+        for st in self.running():
+            self.stop(st["job"])
+        self.stop_node_agents()
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+# --- the supervisor (one process per launch) ---------------------------------------------
+
+
+def _rank_command(cluster: LocalCluster, plan: dict, slot: dict) -> list[str]:
+    job, attempt = plan["job"], plan["attempt"]
+    spec = cluster.sink_spec
+    cmd = [
+        sys.executable,
+        "-m",
+        "agent.demo_train",
+        "--job",
+        job,
+        "--attempt",
+        str(attempt),
+        "--node",
+        slot["node"],
+        "--nodes",
+        ",".join(plan["nodes"]),
+        "--gpus-per-node",
+        str(plan["gpus_per_node"]),
+        "--launched-at",
+        repr(plan["launched_at"]),
+        "--ckpt-dir",
+        str(cluster.checkpoint_dir(job)),
+        "--control",
+        str(cluster.control_path(job)),
+        "--node-flags",
+        str(cluster.node_flags_path(slot["node"])),
+    ]
+    if spec.get("events"):
+        cmd += ["--events", spec["events"]]
+    if spec.get("url"):
+        cmd += ["--url", spec["url"]]
+    if plan.get("resume_step") is not None:
+        cmd += ["--resume-step", str(plan["resume_step"])]
+    for key, value in plan["train"].items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            cmd.append(flag)
+        elif value not in (None, False):
+            cmd += [flag, str(value)]
+    return cmd
+
+
+class _Supervisor:
+    def __init__(self, cluster: LocalCluster, job: str, attempt: int):
+        self.cluster = cluster
+        self.plan = cluster.plan(job, attempt)
+        self.job = job
+        self.attempt = attempt
+        self.dir = cluster.attempt_dir(job, attempt)
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.record = {
+            "state": "starting",
+            "supervisor_pid": os.getpid(),
+            "supervisor_start": _proc_stat(os.getpid())[1],
+            "ranks": [],
+        }
+        self.stop_requested = False
+        self.failure = None
+
+    def write(self):
+        control.write_json(self.dir / "procs.json", self.record)
+
+    def start(self):
+        self.write()
+        token = self.cluster.sink_spec.get("token")
+        for slot in self.plan["ranks"]:
+            env = _child_env(
+                {
+                    "RANK": str(slot["rank"]),
+                    "WORLD_SIZE": str(self.plan["world_size"]),
+                    "LOCAL_RANK": str(slot["local_rank"]),
+                    "LOCAL_WORLD_SIZE": str(self.plan["gpus_per_node"]),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(self.plan["master_port"]),
+                    "GLOO_SOCKET_IFNAME": "lo",
+                    **({"REBOUND_TOKEN": token} if token else {}),
+                }
+            )
+            with open(self.dir / f"rank-{slot['rank']}.log", "ab") as log:
+                p = subprocess.Popen(
+                    _rank_command(self.cluster, self.plan, slot),
+                    cwd=REPO,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own process group, signalled as one
+                )
+            self.procs[slot["rank"]] = p
+            st = _proc_stat(p.pid)
+            self.record["ranks"].append(
+                {
+                    "rank": slot["rank"],
+                    "node": slot["node"],
+                    "pid": p.pid,
+                    "start": st[1] if st else None,
+                    "returncode": None,
+                    "exited_at": None,
+                }
+            )
+        self.record["state"] = "running"
+        self.write()
+
+    def poll(self) -> list[dict]:
+        """Records ranks that exited since the last poll; returns them."""
+        exited = []
+        for r in self.record["ranks"]:
+            if r["returncode"] is None:
+                rc = self.procs[r["rank"]].poll()
+                if rc is not None:
+                    r["returncode"], r["exited_at"] = rc, time.time()
+                    exited.append(r)
+        if exited:
+            self.write()
+        return exited
+
+    def teardown(self, grace_s: float = 5.0):
+        live = [r for r in self.record["ranks"] if r["returncode"] is None]
+        for r in live:
+            _signal_group(r["pid"], signal.SIGTERM)
+            _signal_group(r["pid"], signal.SIGCONT)  # a stopped rank must run to die
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs.values()):
+            time.sleep(0.05)
+        for r in live:
+            if self.procs[r["rank"]].poll() is None:
+                _signal_group(r["pid"], signal.SIGKILL)
+        for p in self.procs.values():
+            p.wait()
+        self.poll()
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            self.start()
+        except Exception as exc:
+            self.record["failure"] = {"message": f"could not start: {exc!r}"}
+            self.stop_requested = True
+        while True:
+            exited = self.poll()
+            failed = [r for r in exited if r["returncode"] != 0]
+            if self.stop_requested:
+                self.record["state"] = "stopping"
+                self.write()
+                self.teardown()
+                return self.end("killed")
+            if failed:
+                # The first to die is the cause; one that lost a peer is a symptom.
+                failed.sort(key=lambda r: (r["returncode"] == EXIT_PEER_LOST, r["rank"]))
+                self.failure = failed[0]
+                self.record["state"] = "stopping"
+                self.write()
+                self.teardown()
+                return self.end("failed")
+            if all(r["returncode"] == 0 for r in self.record["ranks"]):
+                return self.end("completed")
+            time.sleep(0.05)
+
+    def _on_signal(self, signum, frame):
+        self.stop_requested = True
+
+    def end(self, state: str) -> int:
+        ranks = {r["rank"]: r for r in self.record["ranks"]}
+        sink = self.cluster.sink(self.job, attempt=self.attempt)
+        f = self.failure
+        if f is not None:
+            rc = f["returncode"]
+            if rc < 0:
+                how = f"signal {signal.Signals(-rc).name}"
+            elif rc == EXIT_PEER_LOST:
+                how = f"exit code {rc} (a collective failed: a peer died or hung)"
+            else:
+                how = f"exit code {rc}"
+            self.record["failure"] = {
+                "rank": f["rank"],
+                "node": f["node"],
+                "returncode": rc,
+                "message": f"rank {f['rank']} on {f['node']} exited with {how}",
+            }
+            if rc != EXIT_PEER_LOST:
+                message = self.record["failure"]["message"]
+                kind = "other" if rc == EXIT_CONFIG else "crash"
+                sink.emit(
+                    "fault",
+                    {"type": kind, "exit_code": rc, "message": message},
+                    attempt=self.attempt,
+                    node=f["node"],
+                    rank=f["rank"],
+                )
+        rank0 = ranks.get(0)
+        if state != "completed" and not (rank0 and rank0["returncode"] == 0):
+            data = {"reason": state}
+            if f is not None:
+                data["exit_code"] = f["returncode"]
+            sink.emit("attempt_ended", data, attempt=self.attempt)
+        sink.flush(timeout_s=10.0)
+        sink.close(timeout_s=10.0)
+        self.record["state"] = state
+        self.record["ended_at"] = time.time()
+        self.write()
+        return 0
+
+
+# --- the node agent (one process per node) ------------------------------------------------
+
+
+def _node_agent(cluster: LocalCluster, node: str) -> int:
+    info_path = cluster.root / "nodes" / f"{node}.agent.json"
+    control.write_json(info_path, {"pid": os.getpid(), "start": _proc_stat(os.getpid())[1]})
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    flags = control.NodeFlags(cluster.node_flags_path(node))
+    interval = float(cluster.config.get("heartbeat_s", 5.0))
+    sinks = {}
+    try:
+        while not stop:
+            if flags.heartbeats():
+                for st in cluster.running():
+                    if node in st["nodes"]:
+                        sink = sinks.get(st["job"])
+                        if sink is None:
+                            sink = sinks[st["job"]] = cluster.sink(st["job"], node=node)
+                        sink.emit("heartbeat", {}, attempt=st["attempt"], node=node)
+            deadline = time.monotonic() + interval
+            while not stop and time.monotonic() < deadline:
+                time.sleep(min(0.1, interval))
+    finally:
+        for sink in sinks.values():
+            sink.close()
+        with contextlib.suppress(FileNotFoundError):
+            info_path.unlink()
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m agent.cluster", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for name in ("supervise", "node-agent", "status", "stop"):
+        sp = sub.add_parser(name)
+        sp.add_argument("--root", default=str(default_root()))
+        sp.add_argument("--detach", action="store_true", help=argparse.SUPPRESS)
+        if name in ("supervise", "status", "stop"):
+            sp.add_argument("--job", required=True)
+        if name == "supervise":
+            sp.add_argument("--attempt", type=int, required=True)
+        if name == "node-agent":
+            sp.add_argument("--node", required=True)
+    args = p.parse_args(argv)
+    cluster = LocalCluster(args.root)
+    if args.detach:
+        _detach()
+    if args.command == "supervise":
+        return _Supervisor(cluster, args.job, args.attempt).run()
+    if args.command == "node-agent":
+        return _node_agent(cluster, args.node)
+    if args.command == "status":
+        print(json.dumps(cluster.status(args.job), indent=1))
+    elif args.command == "stop":
+        print(json.dumps(cluster.stop(args.job), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,617 @@
+"""Torch hooks: what a DDP training loop reports, in a few lines.
+
+Owns the training-side measurements of wire format v1: `step` events (rank 0),
+`rank_window` means (every rank), heartbeats, lifecycle events and
+checkpoints saved and loaded with `torch.distributed.checkpoint`. Events go to
+any object with the reporter's `emit` method (`agent.reporter.Reporter`,
+`agent.sinks.FileSink`).
+
+Instrumenting an existing DDP loop:
+
+    from agent.torch_hooks import Checkpointer, Instrument, TrainState
+
+    inst = Instrument(reporter, rank=rank, node=node, attempt=attempt, heartbeat_s=5)
+    inst.attach(ddp_model)            # DDP comm hook: times the wait on gradient all-reduce
+    state = {"train": TrainState(ddp_model, optimizer)}
+    ckpt = Checkpointer("/shared/ckpt/my-job", reporter, rank=rank, attempt=attempt)
+    start = (ckpt.load(state) or 0) + 1   # latest complete checkpoint; step=N rolls back
+    for step in range(start, last_step + 1):
+        with inst.step(step) as s:
+            with s.data_wait():
+                x, y = next(batches)
+            loss = loss_fn(ddp_model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            s.report(loss=loss, tokens=x.numel())
+        if step % 100 == 0:
+            ckpt.save(step, state)        # async: blocks only while staging a copy
+    ckpt.close()                          # waits for the last save to be durable
+    inst.close()
+
+How compute and communication are told apart. DDP overlaps the gradient
+all-reduce with the backward pass: each bucket's all-reduce starts as soon as
+its gradients exist, and `backward()` returns only once every bucket's future
+has completed. So the time a rank was *blocked* on communication is the tail
+from the launch of the last bucket (its backward compute is over then) to the
+completion of the last all-reduce future; communication hidden under compute
+costs nothing and is not counted. `attach` registers a comm hook that wraps
+DDP's default `allreduce_hook` (same numerics) and records both instants, the
+completion from a `then` callback on the future. A fast rank waiting for a slow
+peer shows the wait there; the slow rank itself reaches the all-reduce last
+and waits little. Per step:
+
+    step_s      = the wall time of the `inst.step()` block (ended after reading the
+                  reported loss, which on a GPU waits for the step's kernels)
+    comm_wait_s = the all-reduce tails of the step's backward passes (+ `s.comm_wait()` blocks)
+    data_wait_s = the `s.data_wait()` blocks
+    compute_s   = step_s - comm_wait_s - data_wait_s
+
+Timing sections around `backward()` instead would put the whole overlapped
+all-reduce into "backward" and could not tell a slow rank from the ranks that
+wait for it. Collectives outside DDP (a loss all-reduce for logging, say) go
+in `with s.comm_wait():`.
+
+Checkpoints live in `<dir>/step-NNNNNNNN/`; rank 0 writes a marker file there
+once the save is complete (for an async save, when its future resolves), and
+only then reports `checkpoint_saved`. `latest_checkpoint(dir)` is the highest
+step with a marker. Loading a named step older than the latest (a rollback)
+retires the newer ones, so a later "resume from latest" does not jump back onto
+the abandoned timeline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+
+from agent.checkpoints import (
+    MARKER,
+    RETIRED,
+    checkpoint_path,
+    checkpoint_steps,
+    latest_checkpoint,
+)
+from agent.sinks import wire_number
+
+__all__ = [
+    "Checkpointer",
+    "CommTimer",
+    "Heartbeat",
+    "Instrument",
+    "StepTimer",
+    "TrainState",
+    "checkpoint_path",
+    "checkpoint_steps",
+    "latest_checkpoint",
+    "timed_allreduce_hook",
+]
+
+# --- communication timing --------------------------------------------------------------
+
+
+class CommTimer:
+    """The DDP comm hook's state: how long backward passes stayed blocked on all-reduce.
+
+    `wait_s` only grows; a step reads how much it grew while the step ran."""
+
+    def __init__(self, process_group=None, clock=time.perf_counter):
+        self.process_group = process_group
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._last_launch = 0.0
+        self._last_done = 0.0
+        self._last_launched = False
+        self.wait_s = 0.0
+        self.allreduces = 0
+
+    def launched(self, is_last: bool) -> None:
+        with self._lock:
+            self._pending += 1
+            self._last_launch = self._clock()
+            self._last_launched = self._last_launched or is_last
+
+    def done(self) -> None:
+        with self._lock:
+            now = self._clock()
+            self._pending -= 1
+            self.allreduces += 1
+            self._last_done = max(self._last_done, now)
+            if self._last_launched and self._pending == 0:
+                # The backward pass is over: its exposed tail is the wait.
+                self.wait_s += max(0.0, self._last_done - self._last_launch)
+                self._last_launched = False
+                self._last_done = 0.0
+
+
+def timed_allreduce_hook(state, bucket):
+    """DDP's default all-reduce, with the launch and completion times recorded.
+
+    (No annotations: DDP checks them against dist.GradBucket, and this module's
+    postponed annotations would be strings.)"""
+    state.launched(bucket.is_last())
+    fut = default_hooks.allreduce_hook(state.process_group, bucket)
+
+    def _done(f):
+        state.done()
+        return f.value()
+
+    return fut.then(_done)
+
+
+# --- steps and windows -------------------------------------------------------------------
+
+
+def _number(v):
+    if v is None:
+        return None
+    if isinstance(v, torch.Tensor):
+        v = v.detach().float().item()
+    return wire_number(float(v))
+
+
+class StepTimer:
+    """One step's timing; made by `Instrument.step(n)`, used as a context manager."""
+
+    def __init__(self, instrument: Instrument, step: int):
+        self.instrument = instrument
+        self.step = int(step)
+        self.loss = None
+        self.grad_norm = None
+        self.tokens = None
+        self.data_wait_s = 0.0
+        self.comm_wait_s = 0.0  # explicit `comm_wait()` blocks
+        self._clock = instrument.clock
+        self._t0 = 0.0
+        self._comm0 = 0.0
+
+    def __enter__(self):
+        comm = self.instrument.comm
+        self._comm0 = comm.wait_s if comm is not None else 0.0
+        self._t0 = self._clock()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            # Reading a loss tensor waits for the step's kernels (on GPU): before the clock.
+            self.loss, self.grad_norm = _number(self.loss), _number(self.grad_norm)
+            self.instrument._finish(self, self._clock() - self._t0)
+        return False
+
+    @contextlib.contextmanager
+    def data_wait(self):
+        """Time spent waiting for input (loading, collating, host-to-device)."""
+        t = self._clock()
+        try:
+            yield
+        finally:
+            self.data_wait_s += self._clock() - t
+
+    @contextlib.contextmanager
+    def comm_wait(self):
+        """Time blocked on a collective outside DDP's gradient all-reduce."""
+        t = self._clock()
+        try:
+            yield
+        finally:
+            self.comm_wait_s += self._clock() - t
+
+    def report(self, *, loss=None, grad_norm=None, tokens=None) -> None:
+        """What the `step` event carries (tensors are read with `.item()`)."""
+        if loss is not None:
+            self.loss = loss
+        if grad_norm is not None:
+            self.grad_norm = grad_norm
+        if tokens is not None:
+            self.tokens = int(tokens)
+
+
+class Heartbeat:
+    """Emits `heartbeat` (node, and rank when given) every `interval_s` from a daemon thread.
+
+    `muted` is asked before each beat: a node told to fall silent stays silent."""
+
+    def __init__(
+        self, emitter, *, node, rank=None, attempt=None, interval_s=5.0, muted=None, name=None
+    ):
+        if not node:
+            raise ValueError("a heartbeat names its node")
+        self.emitter = emitter
+        self.node = node
+        self.rank = rank
+        self.attempt = attempt
+        self.interval_s = float(interval_s)
+        self.muted = muted
+        self.beats = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=name or f"heartbeat-{node}", daemon=True
+        )
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def beat(self) -> None:
+        if self.muted is not None and self.muted():
+            return
+        self.emitter.emit("heartbeat", {}, attempt=self.attempt, node=self.node, rank=self.rank)
+        self.beats += 1
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                self.beat()
+            except Exception as exc:  # a heartbeat never takes the job down
+                print(f"heartbeat: {exc!r}", file=sys.stderr)
+            self._stop.wait(self.interval_s)
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+
+class Instrument:
+    """The per-process reporting of a DDP job: steps, rank windows, lifecycle, heartbeats.
+
+    Only `report_rank` (0) emits `step` and the once-per-launch events; every rank
+    emits its `rank_window` when a step number is a multiple of `window`, and its
+    last partial window on `close()`."""
+
+    def __init__(
+        self,
+        emitter,
+        *,
+        rank: int | None = None,
+        node: str | None = None,
+        attempt: int | None = None,
+        window: int = 10,
+        report_rank: int = 0,
+        heartbeat_s: float | None = None,
+        heartbeat_muted=None,
+        clock=time.perf_counter,
+    ):
+        if rank is None:
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        self.emitter = emitter
+        self.rank = int(rank)
+        self.node = node
+        self.attempt = attempt
+        self.window = max(1, int(window))
+        self.report_rank = report_rank
+        self.clock = clock
+        self.comm: CommTimer | None = None
+        self.last: dict | None = None  # the last step's timing
+        self._rows: list[tuple[int, float, float, float, float]] = []
+        self._explicit_comm = False
+        self.heartbeat = None
+        if heartbeat_s and node:
+            self.heartbeat = Heartbeat(
+                emitter,
+                node=node,
+                rank=self.rank,
+                attempt=attempt,
+                interval_s=heartbeat_s,
+                muted=heartbeat_muted,
+            ).start()
+
+    @property
+    def reports(self) -> bool:
+        return self.rank == self.report_rank
+
+    def emit(self, kind, data=None, **kwargs):
+        kwargs.setdefault("attempt", self.attempt)
+        kwargs.setdefault("node", self.node)
+        kwargs.setdefault("rank", self.rank)
+        return self.emitter.emit(kind, data or {}, **kwargs)
+
+    def attach(self, ddp_model, process_group=None) -> CommTimer:
+        """Registers the timed all-reduce comm hook on a DistributedDataParallel model."""
+        self.comm = CommTimer(process_group, clock=self.clock)
+        ddp_model.register_comm_hook(self.comm, timed_allreduce_hook)
+        return self.comm
+
+    def step(self, step: int) -> StepTimer:
+        return StepTimer(self, step)
+
+    def _finish(self, s: StepTimer, step_s: float) -> None:
+        comm = s.comm_wait_s
+        if self.comm is not None:
+            comm += self.comm.wait_s - s._comm0
+        self._explicit_comm = self._explicit_comm or s.comm_wait_s > 0
+        comm = min(comm, step_s)
+        data = min(s.data_wait_s, step_s - comm)
+        compute = max(0.0, step_s - comm - data)
+        self.last = {
+            "step": s.step,
+            "step_s": step_s,
+            "compute_s": compute,
+            "comm_wait_s": comm,
+            "data_wait_s": data,
+        }
+        if self.reports:
+            data_ = {"step": s.step, "step_time_s": round(step_s, 6)}
+            for name, value in (("loss", s.loss), ("grad_norm", s.grad_norm)):
+                if value is not None:
+                    data_[name] = value
+            if s.tokens is not None:
+                data_["tokens"] = s.tokens
+            self.emit("step", data_)
+        self._rows.append((s.step, step_s, compute, comm, data))
+        if s.step % self.window == 0:
+            self.flush_window()
+
+    def flush_window(self) -> None:
+        """Emits the mean of the steps since the last window (if any)."""
+        rows, self._rows = self._rows, []
+        if not rows:
+            return
+        n = len(rows)
+        data = {
+            "first_step": min(r[0] for r in rows),
+            "last_step": max(r[0] for r in rows),
+            "step_s": round(sum(r[1] for r in rows) / n, 6),
+            "compute_s": round(sum(r[2] for r in rows) / n, 6),
+            "data_wait_s": round(sum(r[4] for r in rows) / n, 6),
+        }
+        if self.comm is not None or self._explicit_comm:
+            data["comm_wait_s"] = round(sum(r[3] for r in rows) / n, 6)
+        self.emit("rank_window", data)
+
+    # Once-per-launch events: emitted by the reporting rank only.
+
+    def attempt_started(self, *, world_size, gpus_per_node=None, nodes=None, ts=None):
+        if self.reports:
+            data = {"world_size": int(world_size)}
+            if gpus_per_node:
+                data["gpus_per_node"] = int(gpus_per_node)
+            if nodes:
+                data["nodes"] = list(nodes)
+            self.emit("attempt_started", data, ts=ts)
+
+    def ready(self):
+        if self.reports:
+            self.emit("ready")
+
+    def attempt_ended(self, reason="completed", exit_code=None):
+        if self.reports:
+            data = {"reason": reason}
+            if exit_code is not None:
+                data["exit_code"] = int(exit_code)
+            self.emit("attempt_ended", data)
+
+    def fault(self, type_, message=None, **data):
+        """A fault seen by this rank (any rank may report one)."""
+        data = {"type": type_, **data}
+        if message:
+            data["message"] = str(message)[:4096]
+        self.emit("fault", data)
+
+    def close(self) -> None:
+        self.flush_window()
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+
+
+# --- checkpoints ---------------------------------------------------------------------
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+
+
+class TrainState(Stateful):
+    """A model (DDP or not) and its optimizer as one `torch.distributed.checkpoint` entry,
+    with the step it is the state of (`.step`)."""
+
+    def __init__(self, model, optimizer, step: int = 0):
+        self.model = model
+        self.optimizer = optimizer
+        self.step = step
+
+    def state_dict(self):
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd, "step": self.step}
+
+    def load_state_dict(self, state_dict):
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state_dict["model"],
+            optim_state_dict=state_dict["optim"],
+        )
+        self.step = int(state_dict.get("step", self.step))
+
+
+class Checkpointer:
+    """Saves and loads a job's state with torch.distributed.checkpoint and reports it.
+
+    Every rank constructs it and calls `save` and `load` at the same steps (they
+    are collective). Rank `report_rank` emits the events: `checkpoint_save_started`
+    when a save begins; `checkpoint_saved` once it is complete on disk, with
+    `blocking_s` = how long the training loop was held (for an async save: waiting
+    for the previous one, plus staging a copy of the state; for a sync save: all
+    of it); `checkpoint_load_started` and `checkpoint_loaded` around a restore.
+
+    With `async_save` under torch.distributed, the background writes use a gloo
+    process group of their own (created here: a collective call, so every rank
+    constructs its Checkpointer at the same point) so their collectives never
+    interleave with the training loop's, and work beside an NCCL default group."""
+
+    def __init__(
+        self,
+        directory,
+        emitter,
+        *,
+        rank: int | None = None,
+        node: str | None = None,
+        attempt: int | None = None,
+        async_save: bool = True,
+        tier: str = "durable",
+        report_rank: int = 0,
+        process_group=None,
+    ):
+        self.directory = Path(directory)
+        self.emitter = emitter
+        distributed = dist.is_available() and dist.is_initialized()
+        self.rank = int(rank if rank is not None else (dist.get_rank() if distributed else 0))
+        self.node = node
+        self.attempt = attempt
+        self.async_save = async_save and hasattr(dcp, "async_save")
+        self.tier = tier
+        self.report_rank = report_rank
+        self.distributed = distributed
+        if process_group is None and distributed and self.async_save:
+            process_group = dist.new_group(backend="gloo")
+        self.process_group = process_group
+        self._pending: threading.Event | None = None  # set when the save in flight ends
+        self._lock = threading.Lock()
+        self.saved: list[dict] = []  # what checkpoint_saved reported, in order
+        if self.rank == report_rank:
+            self.directory.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def reports(self) -> bool:
+        return self.rank == self.report_rank
+
+    def _emit(self, kind, data):
+        if self.reports:
+            self.emitter.emit(kind, data, attempt=self.attempt, node=self.node, rank=self.rank)
+
+    def save(self, step: int, state: dict) -> float:
+        """Saves `state` (a dict for dcp, e.g. {"train": TrainState(...)}) as step `step`.
+        Returns the seconds the caller was blocked."""
+        step = int(step)
+        path = checkpoint_path(self.directory, step)
+        self._emit("checkpoint_save_started", {"step": step})
+        t0 = time.perf_counter()
+        self.wait()  # one save in flight at a time
+        if self.reports:
+            path.mkdir(parents=True, exist_ok=True)
+            # A rerun of this step (after a rollback) rewrites it: not complete meanwhile.
+            for name in (MARKER, RETIRED):
+                with contextlib.suppress(FileNotFoundError):
+                    (path / name).unlink()
+        kwargs = {"checkpoint_id": str(path), "process_group": self.process_group}
+        if not self.distributed:
+            kwargs["no_dist"] = True
+        if self.async_save:
+            fut = dcp.async_save(state, **kwargs)
+            blocking = time.perf_counter() - t0
+            finished = threading.Event()
+            with self._lock:
+                self._pending = finished
+            fut.add_done_callback(lambda f: self._finished(step, path, blocking, f, finished))
+        else:
+            dcp.save(state, **kwargs)
+            blocking = time.perf_counter() - t0
+            self._complete(step, path, blocking)
+        return blocking
+
+    def _finished(self, step, path, blocking, fut, finished: threading.Event) -> None:
+        try:
+            exc = fut.exception()
+            if exc is not None:
+                # Logged, not reported as a fault: a save dies with its job when a peer is
+                # lost, and that fault is the peer's.
+                print(f"checkpoint of step {step} failed: {exc!r}", file=sys.stderr)
+            else:
+                self._complete(step, path, blocking)
+        finally:
+            finished.set()  # after the event: `wait()` returns once it is emitted
+
+    def _complete(self, step, path, blocking) -> None:
+        if not self.reports:
+            return
+        size = _dir_bytes(path)
+        info = {
+            "step": step,
+            "bytes": size,
+            "blocking_s": round(blocking, 6),
+            "uri": path.resolve().as_uri(),
+            "tier": self.tier,
+        }
+        # The marker is what makes the checkpoint count: written last, atomically.
+        tmp = path / f".{MARKER}.tmp"
+        tmp.write_text(json.dumps({**info, "saved_at": time.time()}))
+        os.replace(tmp, path / MARKER)
+        self.saved.append(info)
+        self._emit("checkpoint_saved", info)
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Waits for the async save in flight (if any) to finish; False on timeout."""
+        with self._lock:
+            pending = self._pending
+        if pending is None:
+            return True
+        if not pending.wait(timeout_s):
+            return False
+        with self._lock:
+            if self._pending is pending:
+                self._pending = None
+        return True
+
+    def load(self, state: dict, step: int | None = None) -> int | None:
+        """Restores `state` from step `step`, or from the latest complete checkpoint when
+        None. Returns the step restored, or None when there is nothing to restore from.
+
+        Rank 0 decides which step (the others follow), so all ranks load the same one.
+        A named step older than the latest retires the newer checkpoints."""
+        chosen = None
+        if self.rank == 0 or not self.distributed:
+            if step is None:
+                chosen = latest_checkpoint(self.directory)
+            elif int(step) in checkpoint_steps(self.directory):
+                chosen = int(step)
+            else:
+                chosen = -int(step) - 1  # a missing named step: every rank raises
+        if self.distributed:
+            box = [chosen]
+            dist.broadcast_object_list(box, src=0)
+            chosen = box[0]
+        if chosen is None:
+            return None
+        if chosen < 0:
+            raise FileNotFoundError(
+                f"no complete checkpoint of step {-chosen - 1} in {self.directory}"
+            )
+        self._emit("checkpoint_load_started", {"step": chosen})
+        kwargs = {"checkpoint_id": str(checkpoint_path(self.directory, chosen))}
+        if self.distributed:
+            kwargs["process_group"] = self.process_group
+        else:
+            kwargs["no_dist"] = True
+        dcp.load(state, **kwargs)
+        if step is not None and self.reports:
+            self.retire_after(chosen)
+        self._emit("checkpoint_loaded", {"step": chosen})
+        return chosen
+
+    def retire_after(self, step: int) -> list[int]:
+        """Takes the checkpoints newer than `step` out of `latest_checkpoint` (files kept)."""
+        retired = []
+        for s in checkpoint_steps(self.directory):
+            if s > step:
+                path = checkpoint_path(self.directory, s)
+                with contextlib.suppress(FileNotFoundError):
+                    os.replace(path / MARKER, path / RETIRED)
+                    retired.append(s)
+        return retired
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Waits for the last save to be durable."""
+        self.wait(timeout_s)
