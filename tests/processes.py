@@ -1,0 +1,105 @@
+"""Real processes for tests: a Celery worker and a gunicorn server on the test database."""
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import requests
+from django.db import connection
+
+from console.celery import app
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def database_url() -> str:
+    """The URL of the database the tests run on, for another process to use."""
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    user, host, port = s["USER"] or "postgres", s["HOST"] or "127.0.0.1", s["PORT"] or 5432
+    return f"postgres://{user}@{host}:{port}/{s['NAME']}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(process: subprocess.Popen, timeout: float = 20) -> str:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        out, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, _ = process.communicate()
+    return out or ""
+
+
+@contextlib.contextmanager
+def celery_worker(loglevel: str = "INFO"):
+    """A worker process on the project's broker and a queue of its own; tasks this
+    process sends go to that queue meanwhile. Yields the process; its output is
+    in `.output` once it has stopped."""
+    queue = f"test-{uuid.uuid4().hex[:8]}"
+    eager, default_queue = app.conf.task_always_eager, app.conf.task_default_queue
+    app.conf.task_always_eager = False
+    app.conf.task_default_queue = queue
+    env = {**os.environ, "DATABASE_URL": database_url(), "REBOUND_CELERY_QUEUE": queue}
+    cmd = [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool", "solo"]
+    cmd += ["--without-gossip", "--without-mingle", "--loglevel", loglevel, "-Q", queue]
+    worker = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        yield worker
+    finally:
+        app.conf.task_always_eager, app.conf.task_default_queue = eager, default_queue
+        worker.output = _stop(worker)
+
+
+class Server:
+    """gunicorn serving the console on the test database, stoppable and restartable
+    on the same port (the console going away under a running job)."""
+
+    def __init__(self, tmp_path: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.var = tmp_path
+        self.process: subprocess.Popen | None = None
+        self.output = ""
+
+    def start(self, timeout: float = 30) -> None:
+        env = {
+            **os.environ,
+            "DATABASE_URL": database_url(),
+            "REBOUND_VAR_DIR": str(self.var),
+            "REBOUND_CELERY_QUEUE": app.conf.task_default_queue,
+        }
+        cmd = [sys.executable, "-m", "gunicorn", "console.wsgi", "--workers", "1"]
+        cmd += ["--bind", f"127.0.0.1:{self.port}", "--log-level", "warning"]
+        self.process = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.process.communicate()[0]
+            try:
+                requests.get(self.url + "/api/v1/schema", timeout=2)
+                return
+            except requests.RequestException:
+                time.sleep(0.2)
+        raise TimeoutError("gunicorn did not answer")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.output += _stop(self.process)
+            self.process = None
