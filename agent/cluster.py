@@ -369,9 +369,8 @@ class LocalCluster:
                 if used.get(node, 0) + n > config_nodes[node]:
                     raise ClusterError(f"node {node} has no {n} free slots")
                 placed.append(node)
-                ranks.extend(
-                    {"rank": len(ranks) + i, "node": node, "local_rank": i} for i in range(n)
-                )
+                base = len(ranks)
+                ranks += [{"rank": base + i, "node": node, "local_rank": i} for i in range(n)]
             plan = {
                 "job": job,
                 "attempt": attempt,

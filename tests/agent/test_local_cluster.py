@@ -303,3 +303,16 @@ def test_every_event_emitted_is_valid_wire_format_v1(cluster, base):
     kinds = {e["kind"] for e in emitted}
     assert {"attempt_started", "ready", "step", "rank_window", "heartbeat"} <= kinds
     assert len({(e["job"], e["id"]) for e in emitted}) == len(emitted)  # ids are unique
+
+
+def test_ranks_fill_multi_slot_nodes_in_order(tmp_path):
+    c = LocalCluster.create(
+        tmp_path, nodes={"a": 2, "b": 2}, sink={"events": tmp_path / "e.jsonl"}, heartbeat_s=1
+    )
+    try:
+        c.launch("multi", nodes=["a", "b"], steps=2, **TRAIN)
+        finished(c, "multi")
+        placed = [(r["rank"], r["node"], r["local_rank"]) for r in c.plan("multi")["ranks"]]
+        assert placed == [(0, "a", 0), (1, "a", 1), (2, "b", 0), (3, "b", 1)]
+    finally:
+        c.shutdown()
