@@ -156,6 +156,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Names for the choice sets that share a field name with another app's.
+    "ENUM_NAME_OVERRIDES": {
+        "ActionKindEnum": "recovery.models.Action.Kind",
+        "ActionStateEnum": "recovery.models.Action.State",
+        "IncidentStateEnum": "incidents.models.Incident.State",
+    },
 }
 
 # Celery: Redis when REDIS_URL is set, otherwise an embedded broker on the
@@ -173,6 +179,7 @@ else:
         "data_folder_in": str(BROKER_DIR / "out"),
         "data_folder_out": str(BROKER_DIR / "out"),
         "processed_folder": str(BROKER_DIR / "processed"),
+        "control_folder": str(BROKER_DIR / "control"),  # not ./control of the working dir
         "store_processed": False,
     }
 CACHES = {
@@ -194,7 +201,12 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("REBOUND_CELERY_EAGER", False)
 # Periodic work, run by the worker started with --beat (scripts/run does).
 CELERY_BEAT_SCHEDULE = {
     "incidents-sweep": {"task": "incidents.sweep", "schedule": 15.0},  # SWEEP_EVERY_S
+    # Actions stuck in queued or running past their deadline; approvals not given in time.
+    "recovery-reconcile": {"task": "recovery.reconcile", "schedule": 30.0},
+    "recovery-expire-approvals": {"task": "recovery.expire_approvals", "schedule": 60.0},
 }
+# The driver of a cluster with no recovery settings of its own (recovery.drivers).
+REBOUND_RECOVERY_DRIVER = os.environ.get("REBOUND_RECOVERY_DRIVER", "local")
 
 LOGGING = {
     "version": 1,

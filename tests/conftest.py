@@ -87,6 +87,13 @@ def sample():
 
 
 @pytest.fixture(autouse=True)
+def recovery_records_only(settings):
+    """Recovery acts through the recording `noop` driver unless a test gives a cluster
+    its own: nothing a test opens may touch a local cluster left on this machine."""
+    settings.REBOUND_RECOVERY_DRIVER = "noop"
+
+
+@pytest.fixture(autouse=True)
 def eager_celery():
     """Tasks run inline unless a test starts a real worker (see tests/jobs/test_tasks.py)."""
     from console.celery import app

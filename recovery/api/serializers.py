@@ -1,0 +1,182 @@
+"""Action serializers: the approval queue's rows, an action's evidence and audit trail,
+and the bodies of the commands (propose, approve, reject, cancel, pause)."""
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from recovery.models import Action, ActionAudit, ClusterRecoverySettings
+from recovery.policies import TRIGGERS
+
+
+class ActionSerializer(serializers.ModelSerializer):
+    cluster = serializers.CharField(source="cluster.name")
+    node = serializers.CharField(source="node.name", allow_null=True, default=None)
+    job = serializers.CharField(source="job.key", allow_null=True, default=None)
+    spare = serializers.CharField(source="spare.name", allow_null=True, default=None)
+    incident = serializers.IntegerField(source="incident_id", allow_null=True)
+
+    class Meta:
+        model = Action
+        fields = [
+            "id",
+            "kind",
+            "state",
+            "mode",
+            "cluster",
+            "node",
+            "job",
+            "spare",
+            "params",
+            "reason",
+            "incident",
+            "policy",
+            "requested_by",
+            "approved_by",
+            "comment",
+            "dry_run",
+            "blocked_by",
+            "blocked_reason",
+            "attempts",
+            "deadline",
+            "expires_at",
+            "created_at",
+            "approved_at",
+            "queued_at",
+            "started_at",
+            "finished_at",
+            "output",
+            "error",
+        ]
+
+
+class ActionAuditSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ActionAudit
+        fields = ["at", "actor", "from_state", "to_state", "reason", "data"]
+
+
+class EvidenceIncidentSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    cause = serializers.CharField()
+    fault_type = serializers.CharField()
+    severity = serializers.CharField()
+    state = serializers.CharField()
+    summary = serializers.CharField()
+    nodes = serializers.ListField(child=serializers.CharField())
+    fault_at = serializers.DateTimeField()
+    detected_at = serializers.DateTimeField()
+    evidence = serializers.ListField(child=serializers.CharField(), help_text="event ids")
+
+
+class EvidenceNodeSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    state = serializers.CharField()
+    state_changed_at = serializers.DateTimeField()
+
+
+class EvidenceJobSerializer(serializers.Serializer):
+    key = serializers.CharField()
+    status = serializers.CharField()
+    attempt = serializers.IntegerField(allow_null=True)
+    world_size = serializers.IntegerField(allow_null=True)
+    nodes = serializers.ListField(child=serializers.CharField())
+    last_step = serializers.IntegerField(allow_null=True)
+
+
+class AtStakeSerializer(serializers.Serializer):
+    last_step = serializers.IntegerField(allow_null=True)
+    checkpoint_step = serializers.IntegerField(
+        allow_null=True, help_text="the checkpoint a relaunch restarts from"
+    )
+    steps_lost = serializers.IntegerField(allow_null=True)
+    seconds_lost = serializers.FloatField(help_text="the launch's progress since that checkpoint")
+    world_size = serializers.IntegerField()
+    gpu_hours = serializers.FloatField(help_text="seconds_lost x world_size / 3600")
+
+
+class EvidenceSerializer(serializers.Serializer):
+    incident = EvidenceIncidentSerializer(allow_null=True)
+    nodes = EvidenceNodeSerializer(many=True)
+    jobs = EvidenceJobSerializer(many=True, help_text="the job acted on, and jobs on the node")
+    restarts_jobs = serializers.BooleanField(help_text="running it relaunches the jobs")
+    gpu_hours_at_stake = serializers.FloatField(
+        help_text="progress since the last durable checkpoint x world size, that a relaunch"
+        " throws away (all jobs)"
+    )
+    at_stake = serializers.DictField(child=AtStakeSerializer(), help_text="per job key")
+
+
+class ActionDetailSerializer(ActionSerializer):
+    audit = ActionAuditSerializer(many=True, read_only=True)
+    evidence = serializers.SerializerMethodField()
+
+    class Meta(ActionSerializer.Meta):
+        fields = [*ActionSerializer.Meta.fields, "target_snapshot", "audit", "evidence"]
+
+    @extend_schema_field(EvidenceSerializer)
+    def get_evidence(self, obj) -> dict:
+        return EvidenceSerializer(self.context["evidence"]).data
+
+
+class ActionProposeSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=Action.Kind.choices)
+    cluster = serializers.SlugField(max_length=100)
+    node = serializers.CharField(max_length=128, required=False, allow_blank=True)
+    job = serializers.SlugField(max_length=100, required=False, allow_blank=True)
+    params = serializers.DictField(
+        required=False,
+        help_text="rollback: {step}; scale_down: {nodes: [...]};"
+        " replace_at_next_checkpoint: {max_wait_s}",
+    )
+    reason = serializers.CharField(max_length=2000)
+    incident = serializers.IntegerField(required=False, allow_null=True)
+    dry_run = serializers.BooleanField(default=False)
+
+
+class DecisionSerializer(serializers.Serializer):
+    comment = serializers.CharField(max_length=2000, required=False, allow_blank=True)
+
+
+class RejectSerializer(serializers.Serializer):
+    comment = serializers.CharField(max_length=2000, help_text="why not")
+
+
+class PauseSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=500)
+
+
+class PolicyRuleSerializer(serializers.Serializer):
+    kind = serializers.CharField()
+    mode = serializers.CharField()
+    source = serializers.CharField(help_text='"default", "cluster:<name>" or "job:<key>"')
+
+
+class ClusterRecoverySerializer(serializers.ModelSerializer):
+    cluster = serializers.CharField(source="cluster.name")
+    driver = serializers.CharField(source="driver_in_force")
+    policies = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ClusterRecoverySettings
+        fields = [
+            "cluster",
+            "driver",
+            "paused",
+            "pause_reason",
+            "paused_by",
+            "paused_at",
+            "dry_run",
+            "storm_max_share",
+            "storm_window_s",
+            "cooldown_s",
+            "approval_ttl_s",
+            "policies",
+        ]
+
+    @extend_schema_field(serializers.DictField(child=PolicyRuleSerializer(many=True)))
+    def get_policies(self, obj) -> dict:
+        table = self.context.get("policies") or {}
+        return {
+            t: [{"kind": r.kind, "mode": r.mode, "source": r.source} for r in table.get(t, [])]
+            for t in TRIGGERS
+        }

@@ -1,0 +1,279 @@
+"""The recovery API: the action queue (viewers read; operators propose, approve,
+reject and cancel) and each cluster's pause switch (operators)."""
+
+from django.http import Http404
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import generics, status
+from rest_framework.parsers import JSONParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from console.exceptions import ApiError
+from incidents.models import Incident
+from jobs.api.params import choice_param
+from jobs.models import Cluster, Node, TrainingJob
+from recovery import selectors, services
+from recovery.api import serializers as s
+from recovery.drivers import driver_name
+from recovery.models import Action
+from recovery.policies import policy_table
+
+
+def _actor(request) -> str:
+    return getattr(request.user, "username", "") or str(request.user)
+
+
+def _user(request):
+    """The Django user behind the request, None for a token without one."""
+    return request.user if getattr(request.user, "pk", None) else None
+
+
+def _refused(exc: services.Refused) -> ApiError:
+    return ApiError(exc.status, exc.code, exc.detail, **exc.extra)
+
+
+def _detail(pk) -> Response:
+    action = selectors.action_detail(pk=pk)
+    if action is None:
+        raise Http404("No such action.")
+    evidence = selectors.action_evidence(action)
+    return Response(s.ActionDetailSerializer(action, context={"evidence": evidence}).data)
+
+
+def _action(pk) -> Action:
+    action = Action.objects.filter(pk=pk).first()
+    if action is None:
+        raise Http404("No such action.")
+    return action
+
+
+REFUSALS = {
+    400: OpenApiResponse(description="invalid body"),
+    403: OpenApiResponse(description="the role may not; own_action: the requester may not"),
+    404: OpenApiResponse(description="no such action"),
+    409: OpenApiResponse(
+        description="invalid_state, conflict (changed meanwhile), guardrail (named in"
+        " `guardrail`), stale (back in the approval queue)"
+    ),
+}
+
+
+class ActionListView(generics.ListCreateAPIView):
+    """The action queue, newest first. Operators propose actions; a proposal always
+    waits for the approval of another operator."""
+
+    required_roles = {"GET": "viewer", "POST": "operator"}
+    serializer_class = s.ActionSerializer
+    parser_classes = [JSONParser]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("state", str, enum=Action.State.values),
+            OpenApiParameter("cluster", str),
+            OpenApiParameter("job", str),
+            OpenApiParameter("node", str),
+            OpenApiParameter("kind", str, enum=Action.Kind.values),
+            OpenApiParameter("incident", int),
+        ]
+    )
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+    def get_queryset(self):
+        r = self.request
+        incident = r.query_params.get("incident") or None
+        if incident is not None and not incident.isdigit():
+            raise ApiError(400, "invalid_parameter", "incident must be an id.", field="incident")
+        return selectors.action_list(
+            state=choice_param(r, "state", Action.State.values),
+            cluster=r.query_params.get("cluster") or None,
+            job=r.query_params.get("job") or None,
+            node=r.query_params.get("node") or None,
+            kind=choice_param(r, "kind", Action.Kind.values),
+            incident=int(incident) if incident else None,
+        )
+
+    @extend_schema(
+        request=s.ActionProposeSerializer,
+        responses={201: s.ActionDetailSerializer, **REFUSALS},
+        summary="Propose an action (it waits for another operator's approval)",
+    )
+    def post(self, request, *args, **kwargs):
+        form = s.ActionProposeSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        data = form.validated_data
+        cluster = Cluster.objects.filter(name=data["cluster"]).first()
+        if cluster is None:
+            raise ApiError(
+                404, "not_found", f"No such cluster: {data['cluster']}.", field="cluster"
+            )
+        node = job = incident = None
+        if data.get("node"):
+            node = Node.objects.filter(cluster=cluster, name=data["node"]).first()
+            if node is None:
+                raise ApiError(
+                    404, "not_found", f"No node {data['node']} in {cluster}.", field="node"
+                )
+        if data.get("job"):
+            job = TrainingJob.objects.filter(key=data["job"]).first()
+            if job is None:
+                raise ApiError(404, "not_found", f"No such job: {data['job']}.", field="job")
+        if data.get("incident") is not None:
+            incident = Incident.objects.filter(pk=data["incident"]).first()
+            if incident is None:
+                raise ApiError(404, "not_found", "No such incident.", field="incident")
+        try:
+            action = services.action_propose(
+                cluster=cluster,
+                kind=data["kind"],
+                node=node,
+                job=job,
+                params=data.get("params") or {},
+                incident=incident,
+                reason=data["reason"],
+                requested_by=_actor(request),
+                requested_by_user=_user(request),
+                dry_run=data["dry_run"],
+            )
+        except services.Refused as exc:
+            raise _refused(exc) from exc
+        response = _detail(action.pk)
+        response.status_code = status.HTTP_201_CREATED
+        return response
+
+
+class ActionDetailView(APIView):
+    @extend_schema(responses={200: s.ActionDetailSerializer, 404: REFUSALS[404]})
+    def get(self, request, pk):
+        """The action with its audit trail and evidence: the incident, the nodes and jobs
+        affected, and the GPU-hours at stake."""
+        return _detail(pk)
+
+
+class ActionApproveView(APIView):
+    required_role = "operator"
+    parser_classes = [JSONParser]
+
+    @extend_schema(
+        request=s.DecisionSerializer,
+        responses={200: s.ActionDetailSerializer, **REFUSALS},
+        summary="Approve (not one's own); the action is queued at once",
+    )
+    def post(self, request, pk):
+        form = s.DecisionSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            services.action_approve(
+                action=_action(pk),
+                actor=_actor(request),
+                user=_user(request),
+                comment=form.validated_data.get("comment", ""),
+            )
+        except services.Refused as exc:
+            raise _refused(exc) from exc
+        return _detail(pk)
+
+
+class ActionRejectView(APIView):
+    required_role = "operator"
+    parser_classes = [JSONParser]
+
+    @extend_schema(
+        request=s.RejectSerializer,
+        responses={200: s.ActionDetailSerializer, **REFUSALS},
+        summary="Reject, saying why",
+    )
+    def post(self, request, pk):
+        form = s.RejectSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            services.action_reject(
+                action=_action(pk),
+                actor=_actor(request),
+                user=_user(request),
+                comment=form.validated_data["comment"],
+            )
+        except services.Refused as exc:
+            raise _refused(exc) from exc
+        return _detail(pk)
+
+
+class ActionCancelView(APIView):
+    required_role = "operator"
+    parser_classes = [JSONParser]
+
+    @extend_schema(
+        request=s.DecisionSerializer,
+        responses={200: s.ActionDetailSerializer, **REFUSALS},
+        summary="Cancel an action that has not started running",
+    )
+    def post(self, request, pk):
+        form = s.DecisionSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            services.action_cancel(
+                action=_action(pk),
+                actor=_actor(request),
+                comment=form.validated_data.get("comment", ""),
+            )
+        except services.Refused as exc:
+            raise _refused(exc) from exc
+        return _detail(pk)
+
+
+def _cluster(name) -> Cluster:
+    cluster = Cluster.objects.filter(name=name).first()
+    if cluster is None:
+        raise Http404("No such cluster.")
+    return cluster
+
+
+def _recovery_response(cluster: Cluster) -> Response:
+    cfg = selectors.cluster_settings(cluster.pk)
+    cfg.cluster = cluster
+    cfg.driver_in_force = driver_name(cluster)
+    table = policy_table(cluster_id=cluster.pk)
+    return Response(s.ClusterRecoverySerializer(cfg, context={"policies": table}).data)
+
+
+class ClusterRecoveryView(APIView):
+    @extend_schema(
+        responses={200: s.ClusterRecoverySerializer, 404: OpenApiResponse(description="no such")}
+    )
+    def get(self, request, name):
+        """The cluster's recovery settings: driver, pause switch, guardrail limits, and
+        the policies in force (the defaults with the cluster's overrides)."""
+        return _recovery_response(_cluster(name))
+
+
+class ClusterPauseView(APIView):
+    required_role = "operator"
+    parser_classes = [JSONParser]
+
+    @extend_schema(
+        request=s.PauseSerializer,
+        responses={200: s.ClusterRecoverySerializer, 404: OpenApiResponse(description="no such")},
+        summary="Pause recovery: nothing automatic, queued actions held; running ones finish",
+    )
+    def post(self, request, name):
+        cluster = _cluster(name)
+        form = s.PauseSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        services.cluster_pause(
+            cluster=cluster, actor=_actor(request), reason=form.validated_data["reason"]
+        )
+        return _recovery_response(cluster)
+
+
+class ClusterResumeView(APIView):
+    required_role = "operator"
+
+    @extend_schema(
+        request=None,
+        responses={200: s.ClusterRecoverySerializer, 404: OpenApiResponse(description="no such")},
+        summary="Resume recovery; the queued actions the pause held are sent again",
+    )
+    def post(self, request, name):
+        cluster = _cluster(name)
+        services.cluster_resume(cluster=cluster, actor=_actor(request))
+        return _recovery_response(cluster)
