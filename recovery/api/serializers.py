@@ -180,3 +180,22 @@ class ClusterRecoverySerializer(serializers.ModelSerializer):
             t: [{"kind": r.kind, "mode": r.mode, "source": r.source} for r in table.get(t, [])]
             for t in TRIGGERS
         }
+
+
+class FaultSerializer(serializers.Serializer):
+    """What to inject (recovery.faults.FAULTS names each kind and what it needs)."""
+
+    kind = serializers.ChoiceField(choices=[])
+    job = serializers.SlugField(required=False)
+    rank = serializers.IntegerField(required=False, min_value=0)
+    node = serializers.CharField(required=False, max_length=128)
+    factor = serializers.FloatField(required=False, min_value=0)
+    xid = serializers.IntegerField(required=False, min_value=0)
+    from_step = serializers.IntegerField(required=False, min_value=0)
+    kill = serializers.BooleanField(required=False, default=False)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        from recovery.faults import FAULTS
+
+        self.fields["kind"].choices = [(k, f.what) for k, f in FAULTS.items()]

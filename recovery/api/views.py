@@ -15,6 +15,7 @@ from jobs.models import Cluster, Node, TrainingJob
 from recovery import selectors, services
 from recovery.api import serializers as s
 from recovery.drivers import driver_name
+from recovery.faults import FaultError, fault_inject
 from recovery.models import Action
 from recovery.policies import policy_table
 
@@ -277,3 +278,31 @@ class ClusterResumeView(APIView):
         cluster = _cluster(name)
         services.cluster_resume(cluster=cluster, actor=_actor(request))
         return _recovery_response(cluster)
+
+
+class ClusterFaultView(APIView):
+    """Fault injection on a lab cluster (the `local` driver): admins only."""
+
+    required_role = "admin"
+    parser_classes = [JSONParser]
+
+    @extend_schema(
+        request=s.FaultSerializer,
+        responses={
+            200: OpenApiResponse(description="what was done"),
+            400: OpenApiResponse(description="an unknown fault, or one missing what it needs"),
+            404: OpenApiResponse(description="no such cluster"),
+            409: OpenApiResponse(description="the driver cannot, or the target is not running"),
+        },
+        summary="Inject a fault: crash, hang, resume, slow, nan, spike, clear, xid, silence, ...",
+    )
+    def post(self, request, name):
+        cluster = _cluster(name)
+        form = s.FaultSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            done = fault_inject(cluster=cluster, actor=_actor(request), **form.validated_data)
+        except FaultError as exc:
+            extra = {"field": exc.field} if exc.field else {}
+            raise ApiError(exc.status, "fault_refused", exc.detail, **extra) from exc
+        return Response(done)

@@ -200,6 +200,31 @@ class LocalDriver:
         self._log("validate_node", key, node=node, gflops=result.get("gflops"))
         return result
 
+    # fault injection (this driver only: a lab cluster)
+
+    def inject_fault(self, kind: str, *, job=None, rank=None, node=None, **params) -> dict:
+        """Do to the cluster what the fault would (see recovery.faults.FAULTS)."""
+        c = self.cluster
+        if node is not None:
+            self._node(node)
+        actions = {
+            "crash": lambda: {"pid": c.kill_rank(job, rank)},
+            "hang": lambda: {"pid": c.hang_rank(job, rank)},
+            "resume": lambda: {"pid": c.resume_rank(job, rank)},
+            "slow": lambda: c.slow_rank(job, rank, params["factor"]),
+            "nan": lambda: c.corrupt_loss(job, "nan", from_step=params["from_step"], rank=rank),
+            "spike": lambda: c.corrupt_loss(
+                job, "spike", from_step=params["from_step"], factor=params["factor"], rank=rank
+            ),
+            "clear": lambda: c.clear_faults(job),
+            "xid": lambda: {"jobs": c.report_xid(node, params["xid"], kill=params["kill"])},
+            "silence": lambda: c.stop_heartbeats(node),
+            "unsilence": lambda: c.start_heartbeats(node),
+        }
+        result = self._call(actions[kind])
+        self._log("inject_fault", "", kind=kind, job=job, rank=rank, node=node, **params)
+        return result if isinstance(result, dict) else {}
+
     # status
 
     def node_status(self, node):

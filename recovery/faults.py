@@ -1,0 +1,94 @@
+"""Fault injection: do to a lab cluster what a fault would, to see Rebound find it and
+recover. Only a driver that can (the `local` one) injects; each injection is
+logged to `rebound.audit` with who asked."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from jobs.models import Cluster, TrainingJob
+from recovery.drivers import DriverError, DriverTransientError, get_driver
+
+audit = logging.getLogger("rebound.audit")
+
+
+@dataclass(frozen=True)
+class Fault:
+    needs: tuple[str, ...]  # the parameters it cannot do without
+    what: str
+
+
+FAULTS: dict[str, Fault] = {
+    "crash": Fault(("job", "rank"), "kill the rank's process (SIGKILL)"),
+    "hang": Fault(("job", "rank"), "stop the rank's process (SIGSTOP): its peers wait"),
+    "resume": Fault(("job", "rank"), "continue a stopped rank (SIGCONT)"),
+    "slow": Fault(("job", "rank", "factor"), "the rank computes `factor` times slower"),
+    "nan": Fault(("job", "from_step"), "the loss is NaN from `from_step`"),
+    "spike": Fault(("job", "from_step"), "the loss is `factor` (10) times itself from the step"),
+    "clear": Fault(("job",), "take the job's slow and loss faults off"),
+    "xid": Fault(("node", "xid"), "report a GPU Xid on the node; `kill` its ranks too"),
+    "silence": Fault(("node",), "the node's heartbeats stop"),
+    "unsilence": Fault(("node",), "the node's heartbeats start again"),
+}
+
+
+class FaultError(Exception):
+    """Not injected: `status` 400 (the request) or 409 (the cluster); `field` if one is at fault."""
+
+    def __init__(self, status: int, detail: str, field: str | None = None):
+        super().__init__(detail)
+        self.status, self.detail, self.field = status, detail, field
+
+
+def fault_inject(
+    *,
+    cluster: Cluster,
+    kind: str,
+    actor: str,
+    job: str | None = None,
+    rank: int | None = None,
+    node: str | None = None,
+    factor: float | None = None,
+    xid: int | None = None,
+    from_step: int | None = None,
+    kill: bool = False,
+) -> dict:
+    """Inject `kind` (one of FAULTS) on the cluster; returns what the driver did."""
+    fault = FAULTS.get(kind)
+    if fault is None:
+        raise FaultError(400, f"unknown fault {kind!r}; one of {', '.join(FAULTS)}", "kind")
+    given = {"job": job, "rank": rank, "node": node, "factor": factor, "xid": xid}
+    given["from_step"] = from_step
+    for name in fault.needs:
+        if given[name] is None:
+            raise FaultError(400, f"a {kind} fault needs `{name}`", name)
+    if job is not None and not TrainingJob.objects.filter(key=job, cluster=cluster).exists():
+        raise FaultError(400, f"no job {job} on cluster {cluster.name}", "job")
+    if kind == "slow" and factor < 1:
+        raise FaultError(400, "a slow factor is at least 1 (1 is back to normal)", "factor")
+    driver = get_driver(cluster)
+    if not hasattr(driver, "inject_fault"):
+        raise FaultError(409, f"the {driver.name} driver of {cluster.name} cannot inject faults")
+    params = {}
+    if kind in ("nan", "spike"):
+        params["from_step"] = from_step
+    if kind in ("slow", "spike"):
+        params["factor"] = float(factor if factor is not None else 10.0)
+    if kind == "xid":
+        params.update(xid=int(xid), kill=bool(kill))
+    try:
+        result = driver.inject_fault(kind, job=job, rank=rank, node=node, **params)
+    except (DriverError, DriverTransientError) as exc:
+        raise FaultError(409, str(exc)) from exc
+    audit.info(
+        "fault %s injected on cluster %s by %s (job %s, rank %s, node %s, %s)",
+        kind,
+        cluster.name,
+        actor,
+        job,
+        rank,
+        node,
+        params,
+    )
+    return {"kind": kind, "job": job, "rank": rank, "node": node, **params, "done": result}
