@@ -400,13 +400,15 @@ class LocalCluster:
         nodes: list[str] | None = None,
         world_size: int | None = None,
         resume_step: int | None = None,
+        by: str = "agent.cluster",
         **train,
     ) -> dict:
-        """Stops the current launch if it runs, and launches the next attempt with the same
-        training options (updated by `train`), on `nodes` (default: the same ones) with
-        `world_size` ranks (default: as before, or every slot of the new nodes)."""
+        """Stops the current launch if it runs (on request of `by`), and launches the next
+        attempt with the same training options (updated by `train`), on `nodes` (default:
+        the same ones) with `world_size` ranks (default: as before, or every slot of the
+        new nodes)."""
         plan = self.plan(job)
-        self.stop(job)
+        self.stop(job, by=by)
         if world_size is None:
             world_size = plan["world_size"] if nodes is None else None
         return self.launch(
@@ -417,13 +419,15 @@ class LocalCluster:
             **{**plan["train"], **train},
         )
 
-    def replace_node(self, job: str, node: str, spare: str | None = None, **train) -> dict:
+    def replace_node(
+        self, job: str, node: str, spare: str | None = None, *, by: str = "agent.cluster", **train
+    ) -> dict:
         """Relaunches `job` with `node` swapped for `spare` (default: the first free node
         with as many slots), same world size, from the latest checkpoint."""
         plan = self.plan(job)
         if node not in plan["nodes"]:
             raise ClusterError(f"job {job} does not run on {node}")
-        self.stop(job)
+        self.stop(job, by=by)
         if spare is None:
             need = sum(1 for r in plan["ranks"] if r["node"] == node)
             spares = [
@@ -433,9 +437,11 @@ class LocalCluster:
                 raise ClusterError("no spare node free")
             spare = spares[0]
         nodes = [spare if n == node else n for n in plan["nodes"]]
-        return self.relaunch(job, nodes=nodes, world_size=plan["world_size"], **train)
+        return self.relaunch(job, nodes=nodes, world_size=plan["world_size"], by=by, **train)
 
-    def scale_down(self, job: str, drop: list[str] | str, **train) -> dict:
+    def scale_down(
+        self, job: str, drop: list[str] | str, *, by: str = "agent.cluster", **train
+    ) -> dict:
         """Relaunches `job` without the `drop` node(s), on fewer ranks (those the other nodes
         ran). The global batch stays: each rank accumulates more micro-batches."""
         drop = [drop] if isinstance(drop, str) else list(drop)
@@ -444,15 +450,17 @@ class LocalCluster:
         if not nodes:
             raise ClusterError("no node left")
         world = sum(1 for r in plan["ranks"] if r["node"] in nodes)
-        return self.relaunch(job, nodes=nodes, world_size=world, **train)
+        return self.relaunch(job, nodes=nodes, world_size=world, by=by, **train)
 
-    def stop(self, job: str, timeout_s: float = 20.0) -> dict:
-        """Tears the current launch down (its end is reported as killed); returns its status."""
+    def stop(self, job: str, timeout_s: float = 20.0, *, by: str = "agent.cluster") -> dict:
+        """Tears the current launch down; its end is reported as killed on request of `by`
+        (so not taken for a fault). Returns its status."""
         if self.current_attempt(job) is None:
             raise ClusterError(f"job {job} was never launched")
         st = self.status(job)
         if st["state"] in TERMINAL and not any(r["state"] != "exited" for r in st["ranks"]):
             return st
+        control.write_json(self.attempt_dir(job, st["attempt"]) / "stop.json", {"by": by})
         procs_path = self.attempt_dir(job, st["attempt"]) / "procs.json"
         procs = control.read_json(procs_path) or {}
         if st["state"] in RUNNING:
@@ -788,6 +796,9 @@ class _Supervisor:
             data = {"reason": state}
             if f is not None:
                 data["exit_code"] = f["returncode"]
+            stop = control.read_json(self.cluster.attempt_dir(self.job, self.attempt) / "stop.json")
+            if state == "killed" and stop:
+                data["requested_by"] = stop["by"]
             sink.emit("attempt_ended", data, attempt=self.attempt)
         sink.flush(timeout_s=10.0)
         sink.close(timeout_s=10.0)

@@ -83,8 +83,11 @@ class Episode:
 
     @property
     def failed_end(self) -> Signal | None:
+        """The launch's end, when it failed or was killed unasked (an end someone
+        requested, such as a recovery action's relaunch, is no fault)."""
         ends = [s for s in self.signals if s.kind == "attempt_ended"]
-        return next((s for s in ends if s.data.get("reason") in FAILED_ENDS), None)
+        failed = (s for s in ends if s.data.get("reason") in FAILED_ENDS)
+        return next((s for s in failed if not s.data.get("requested_by")), None)
 
 
 def _launch_at(starts: list[tuple[float, int]], ts: float) -> int | None:

@@ -167,6 +167,8 @@ DATA_SCHEMA: dict[str, dict[str, tuple]] = {
     "attempt_ended": {
         "reason": (_choice(END_REASONS), True, "one of " + ", ".join(sorted(END_REASONS))),
         "exit_code": (_is_int, False, "an integer"),
+        # Who asked for the end (an operator, the scheduler, a recovery action): not a fault.
+        "requested_by": (_str_max(200), False, "a string of 1..200 characters"),
     },
     "job_finished": {},
 }

@@ -13,6 +13,9 @@ from rest_framework.test import APIClient
 
 from console.services import token_issue, user_set_role
 
+# The live stack of the end-to-end tests: a local cluster reporting to a live server.
+pytest_plugins = ["tests.live"]
+
 
 def _user(username, role):
     user = get_user_model().objects.create_user(username)  # no password: sessions use force_login

@@ -108,7 +108,7 @@ class LocalDriver:
         stopped = []
         for st in self._call(self.cluster.running):
             if node in st["nodes"]:
-                self._call(self.cluster.stop, st["job"])
+                self._call(self.cluster.stop, st["job"], by=key)
                 stopped.append(st["job"])
                 self._log("stop", key, job=st["job"], attempt=st["attempt"])
         return {**out, "stopped": stopped}
@@ -132,7 +132,7 @@ class LocalDriver:
         plan = self._call(c.plan, job)
         if nodes and set(nodes) == set(plan["nodes"]):
             nodes = None  # the same nodes: keep the launch's own order and world size
-        st = self._call(c.relaunch, job, nodes=nodes or None, resume_step=from_step)
+        st = self._call(c.relaunch, job, nodes=nodes or None, resume_step=from_step, by=key)
         self._log("restart_job", key, job=job, attempt=st["attempt"], resume_step=from_step)
         return {"changed": True, **self._summary(job, st)}
 
@@ -142,7 +142,7 @@ class LocalDriver:
             return {"changed": False, "already": True, **self._summary(job)}
         if node not in plan["nodes"]:
             raise DriverError(f"job {job} does not run on {node}")
-        st = self._call(self.cluster.replace_node, job, node, spare)
+        st = self._call(self.cluster.replace_node, job, node, spare, by=key)
         self._log("replace_node", key, job=job, node=node, spare=spare, attempt=st["attempt"])
         self._set_flags(node, "cordon", key, cordoned=True)
         return {"changed": True, **self._summary(job, st)}
@@ -152,7 +152,7 @@ class LocalDriver:
         drop = [n for n in nodes if n in plan["nodes"]]
         if not drop:
             return {"changed": False, "already": True, **self._summary(job)}
-        st = self._call(self.cluster.scale_down, job, drop)
+        st = self._call(self.cluster.scale_down, job, drop, by=key)
         self._log("scale_down", key, job=job, nodes=drop, attempt=st["attempt"])
         return {"changed": True, **self._summary(job, st)}
 

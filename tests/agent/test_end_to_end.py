@@ -12,71 +12,17 @@ from django.db.models import Max, Min
 
 pytest.importorskip("torch")
 
-from agent.cluster import LocalCluster
-from console.services import token_issue
-from incidents import receivers
 from incidents.models import DetectorSetting, Incident
-from jobs import services as job_services
 from jobs.models import Cluster, Event, StepRecord, TrainingJob
 from jobs.selectors import job_goodput
+from tests.live import TRAIN, make_cluster, stored_step, until
 from tests.processes import Server, celery_worker
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
-TRAIN = {
-    "global_batch": 8,
-    "micro_batch": 2,
-    "window": 4,
-    "heartbeat_s": 0.5,
-    "collective_timeout_s": 60,
-    "ckpt_every": 25,
-}
 
-
-@pytest.fixture(autouse=True)
-def quick_passes(monkeypatch):
-    """Detection and ledger passes a second after a batch, not five."""
-    monkeypatch.setattr(receivers, "DEBOUNCE_S", 1)
-    monkeypatch.setattr(job_services, "LEDGER_REFRESH_DEBOUNCE_S", 1)
-
-
-def make_cluster(tmp_path, url, nodes=("n1", "n2", "n3", "n4")) -> LocalCluster:
-    _, token = token_issue(scope="ingest", cluster_name="local")
-    cluster = LocalCluster.create(
-        tmp_path / "cluster",
-        nodes=dict.fromkeys(nodes, 1),
-        sink={"url": url, "token": token},
-        heartbeat_s=0.5,
-    )
-    cluster.start_node_agents()
-    return cluster
-
-
-@pytest.fixture
-def cluster(tmp_path, live_server):
-    cluster = make_cluster(tmp_path, live_server.url)
-    yield cluster
-    cluster.shutdown()
-
-
-def until(condition, what: str, timeout_s: float = 60.0, cluster=None, job=None):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            state = cluster.status(job) if cluster is not None else ""
-            raise AssertionError(f"timed out waiting for {what} {state}")
-        time.sleep(0.2)
-
-
-def stored_step(job: str, attempt: int = 1) -> int:
-    agg = StepRecord.objects.filter(job__key=job, attempt=attempt).aggregate(m=Max("step"))
-    return agg["m"] or 0
-
-
-def test_a_killed_rank_is_an_incident_and_a_relaunch_on_a_spare_recovers(cluster):
+def test_a_killed_rank_is_an_incident_and_a_relaunch_on_a_spare_recovers(live_cluster):
+    cluster = live_cluster
     with celery_worker() as worker:
         cluster.launch("e2e-crash", nodes=["n1", "n2"], steps=300, **TRAIN)
         until(lambda: stored_step("e2e-crash") >= 60, "step 60", cluster=cluster, job="e2e-crash")
@@ -129,7 +75,8 @@ def test_a_killed_rank_is_an_incident_and_a_relaunch_on_a_spare_recovers(cluster
     assert detected_s < 10
 
 
-def test_a_slowed_rank_is_a_straggler_named_by_its_node(cluster):
+def test_a_slowed_rank_is_a_straggler_named_by_its_node(live_cluster):
+    cluster = live_cluster
     with celery_worker():
         cluster.slow_rank("e2e-slow", 2, 4.0)  # rank 2 runs on n3
         cluster.launch("e2e-slow", nodes=["n1", "n2", "n3", "n4"], steps=400, **TRAIN)
@@ -145,7 +92,8 @@ def test_a_slowed_rank_is_a_straggler_named_by_its_node(cluster):
     assert incident.cause == Incident.Cause.STRAGGLER
 
 
-def test_a_stopped_rank_is_a_hang(cluster):
+def test_a_stopped_rank_is_a_hang(live_cluster):
+    cluster = live_cluster
     # Steps take tens of milliseconds here; a 3 s floor keeps the test short.
     local = Cluster.objects.get(name="local")
     DetectorSetting.objects.create(cluster=local, name="hang.floor_s", value=3)
@@ -165,7 +113,7 @@ def test_a_stopped_rank_is_a_hang(cluster):
     assert incident.fault_at.timestamp() == pytest.approx(last_step, abs=1e-5)  # last progress
 
 
-def test_the_console_going_away_mid_run_loses_no_lifecycle_event(tmp_path):
+def test_the_console_going_away_mid_run_loses_no_lifecycle_event(tmp_path, quick_passes):
     """The console (gunicorn) stops while the job trains and comes back: the ranks'
     reporters keep what they could not send and deliver it, nothing twice."""
     with celery_worker():
@@ -188,9 +136,7 @@ def test_the_console_going_away_mid_run_loses_no_lifecycle_event(tmp_path):
             server.stop()
     job = TrainingJob.objects.get(key="e2e-outage")
     steps = StepRecord.objects.filter(job=job, attempt=1)
-    assert steps.count() == 400 and set(steps.values_list("step", flat=True)) == set(
-        range(1, 401)
-    )
+    assert steps.count() == 400 and set(steps.values_list("step", flat=True)) == set(range(1, 401))
     saved = Event.objects.filter(job=job, kind="checkpoint_saved").count()
     assert saved == 400 // TRAIN["ckpt_every"]
     for kind in ("attempt_started", "ready", "attempt_ended"):

@@ -51,6 +51,15 @@ def test_a_preempted_launch_without_a_fault_opens_nothing(ingest):
     assert detect(ingest, launch(1, 0) + [ev("attempt_ended", 20, reason="preempted")]) == []
 
 
+def test_a_launch_stopped_on_request_opens_nothing(ingest):
+    """A relaunch by a recovery action (or an operator) kills the launch it replaces."""
+    end = ev("attempt_ended", 20, reason="killed", requested_by="rebound:action-7")
+    assert detect(ingest, launch(1, 0) + [end] + launch(2, 30, first_step=6)) == []
+    unasked = ev("attempt_ended", 60, 2, reason="killed")
+    [incident] = detect(ingest, [unasked])
+    assert incident.attempt == 2
+
+
 def test_symptoms_attach_to_the_initiating_fault(ingest):
     events = launch(1, 0) + [
         ev("fault", 16.5, node="n1", rank=5, type="nccl_timeout"),

@@ -1,0 +1,67 @@
+"""A live stack for end-to-end tests: a local cluster of real torch ranks reporting to
+a console under test, and ways to wait for what they do. Its fixtures are loaded
+for every test (tests/conftest.py) and used by the end-to-end modules."""
+
+import time
+
+import pytest
+from django.db.models import Max
+
+from agent.cluster import LocalCluster
+from console.services import token_issue
+from incidents import receivers
+from jobs import services as job_services
+from jobs.models import StepRecord
+
+TRAIN = {
+    "global_batch": 8,
+    "micro_batch": 2,
+    "window": 4,
+    "heartbeat_s": 0.5,
+    "collective_timeout_s": 60,
+    "ckpt_every": 25,
+}
+
+
+@pytest.fixture
+def quick_passes(monkeypatch):
+    """Detection and ledger passes a second after a batch, not five."""
+    monkeypatch.setattr(receivers, "DEBOUNCE_S", 1)
+    monkeypatch.setattr(job_services, "LEDGER_REFRESH_DEBOUNCE_S", 1)
+
+
+def make_cluster(tmp_path, url, nodes=("n1", "n2", "n3", "n4")) -> LocalCluster:
+    _, token = token_issue(scope="ingest", cluster_name="local")
+    cluster = LocalCluster.create(
+        tmp_path / "cluster",
+        nodes=dict.fromkeys(nodes, 1),
+        sink={"url": url, "token": token},
+        heartbeat_s=0.5,
+    )
+    cluster.start_node_agents()
+    return cluster
+
+
+@pytest.fixture
+def live_cluster(tmp_path, live_server, quick_passes):
+    """A local cluster of four 1-slot nodes whose ranks report to the live server."""
+    cluster = make_cluster(tmp_path, live_server.url)
+    yield cluster
+    cluster.shutdown()
+
+
+def until(condition, what: str, timeout_s: float = 60.0, cluster=None, job=None):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            state = cluster.status(job) if cluster is not None else ""
+            raise AssertionError(f"timed out waiting for {what} {state}")
+        time.sleep(0.2)
+
+
+def stored_step(job: str, attempt: int = 1) -> int:
+    agg = StepRecord.objects.filter(job__key=job, attempt=attempt).aggregate(m=Max("step"))
+    return agg["m"] or 0
