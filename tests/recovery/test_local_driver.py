@@ -103,7 +103,7 @@ def test_the_cluster_setting_picks_the_driver(cluster, tmp_path, settings):
     assert get_driver(cluster).root == str(tmp_path)
     ClusterRecoverySettings.objects.filter(cluster=cluster).update(driver="noop")
     assert isinstance(get_driver(cluster), NoopDriver)
-    ClusterRecoverySettings.objects.filter(cluster=cluster).update(driver="slurm")
+    ClusterRecoverySettings.objects.filter(cluster=cluster).update(driver="martian")
     with pytest.raises(DriverError, match="unknown driver"):
         get_driver(cluster)
 
