@@ -15,8 +15,10 @@ DriverError (permanent: the action fails). Methods return a small JSON-able dict
 describing what was done, kept as the action's output.
 
 Drivers: `local` (recovery.drivers.local, the machine's own LocalCluster of
-real processes) and `noop` (records calls; for dry runs and tests). `slurm` and
-`kubernetes` are to come.
+real processes), `noop` (records calls; for dry runs and tests) and `slurm`
+(recovery.drivers.slurm: scontrol, sbatch, squeue on a Slurm cluster).
+`kubernetes` (recovery.drivers.kubernetes) acts through the official client;
+it is tested against recorded API responses only.
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ class Driver(Protocol):
 DRIVERS = {
     "local": "recovery.drivers.local.LocalDriver",
     "noop": "recovery.drivers.noop.NoopDriver",
+    "slurm": "recovery.drivers.slurm.SlurmDriver",
+    "kubernetes": "recovery.drivers.kubernetes.KubernetesDriver",
 }
 
 
