@@ -4,11 +4,16 @@ Used for dry runs (an action in dry-run mode calls this instead of its cluster's
 driver, and the recorded call is the action's output: what would have been
 done) and by the unit tests of the state machine, which read `NoopDriver.calls`
 and may queue errors in `NoopDriver.errors` to be raised by the next calls.
+
+A real (not dry-run) call's output carries `called_at`, the wall-clock time
+(time.time()) the driver was called, so that what happened in a worker's memory can still
+be timed from the stored action (bench/recovery.py measures to it).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 
 _lock = threading.Lock()
 
@@ -30,6 +35,7 @@ class NoopDriver:
             cls.errors.clear()
 
     def _call(self, op: str, **args) -> dict:
+        called_at = time.time()
         with _lock:
             self.calls.append({"op": op, **args})
             error = self.errors.pop(0) if self.errors else None
@@ -37,7 +43,7 @@ class NoopDriver:
             raise error
         if self.dry_run:
             return {"dry_run": True, "would": {"op": op, **args}}
-        return {"noop": True, "op": op, **args}
+        return {"noop": True, "op": op, **args, "called_at": called_at}
 
     def cordon(self, node, *, key):
         return self._call("cordon", node=node, key=key)
