@@ -534,8 +534,8 @@ def _advance_windows(job, state, launches, windows, cfg) -> list[Straggler]:
     two scores: `peer` = the median compute time of all ranks / this rank's, and
     `own` = (its best compute time so far / this one) relative to the median
     rank's same ratio, which catches a rank that degrades alone while a
-    slowdown of every rank scores 1. A node is slow in a window when most of
-    its ranks are; it is a straggler after `straggler.windows` slow windows in
+    slowdown of every rank scores 1. A node is slow in a window when one of
+    its ranks is; it is a straggler after `straggler.windows` slow windows in
     a row of one launch. The finding stays tied to the node across launches."""
     worlds = {launch.number: launch.world_size for launch in launches}
     position = {launch.number: k for k, launch in enumerate(launches)}
@@ -612,12 +612,13 @@ def _window_chunk(job, state, ws: dict, number: int, columns, cfg) -> None:
     own_ratio = best / safe
     own = own_ratio / np.median(own_ratio, axis=1)[:, None]
     slow_rank = (np.nan_to_num(peer, nan=1.0) < SLOW) | (np.nan_to_num(own, nan=1.0) < SLOW)
-    # Per window and node: most of the node's ranks slow.
+    # Per window and node: any of its ranks slow (one slow GPU makes the node the one
+    # to replace; the streak of windows, not a vote of its ranks, rules out blips).
     ids = np.unique(nodes)
     slow_node = np.zeros((shape[0], len(ids)), dtype=bool)
     for j, nid in enumerate(ids.tolist()):
         on = nodes == nid
-        slow_node[:, j] = (on.sum(axis=1) > 0) & ((slow_rank & on).sum(axis=1) * 2 > on.sum(axis=1))
+        slow_node[:, j] = (slow_rank & on).any(axis=1)
     names = dict(Node.objects.filter(id__in=ids.tolist()).values_list("id", "name"))
     streak = int(cfg["straggler.windows"])
     runs = ws["runs"]  # node id -> the slow windows of its current streak (or "confirmed")

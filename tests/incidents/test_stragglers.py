@@ -109,3 +109,10 @@ def test_the_straggler_stays_tied_to_its_node_across_launches(ingest):
     assert [n.name for n in incident.nodes.all()] == ["n3"]
     assert incident.ranks == [0, 1, 6, 7]
     assert len(incident.evidence) == 8  # every slow window of both launches
+
+
+def test_one_slow_gpu_makes_its_node_a_straggler(ingest):
+    one = lambda w, r: 1.2 if (r == 7 and w >= 4) else 0.8  # noqa: E731
+    [incident] = stragglers(ingest, [start()] + windows(10, one))
+    assert [n.name for n in incident.nodes.all()] == ["n3"]
+    assert incident.ranks == [7]
