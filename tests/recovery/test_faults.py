@@ -95,3 +95,11 @@ def test_the_command_kills_a_real_rank(lab):
     assert lab.wait("j1", 30)["state"] == "failed"
     with pytest.raises(CommandError, match="needs `rank`"):
         call_command("inject_fault", "hang", *args)
+
+
+def test_the_command_sets_a_clusters_driver():
+    call_command("set_cluster_driver", "slurm", "--cluster", "far", "--option", "partition=gpu")
+    row = ClusterRecoverySettings.objects.get(cluster__name="far")
+    assert (row.driver, row.driver_options) == ("slurm", {"partition": "gpu"})
+    with pytest.raises(CommandError, match="NAME=VALUE"):
+        call_command("set_cluster_driver", "noop", "--cluster", "far", "--option", "oops")
