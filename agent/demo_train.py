@@ -25,6 +25,18 @@ A failed collective (a peer lost or hung past `--collective-timeout-s`) is
 reported as a `fault` of type nccl_timeout and ends the process with exit
 code 3, which the launcher reads as "lost a peer", not as a crash of its own.
 Exit code 2: bad options, or a `--resume-step` with no complete checkpoint.
+
+`--no-instrument` trains the very same loop without the agent, the baseline of
+bench/agent.py's overhead figure: no reporter or file sink (events go nowhere),
+no DDP comm hook, no step, window, lifecycle or heartbeat events; the loop's
+`Instrument` is a null object that only keeps each step's wall time (what the
+slow-rank injection and `--log-every` read). Either way rank 0 ends a completed
+launch with one machine-readable line: the steps its loop ran, the loop's own
+wall time (startup, restore and the wait for the last save excluded), the CPU
+time the whole process (every thread) used meanwhile, and the median wall time
+of one iteration of the loop (a step with its reporting and any save):
+
+    TRAINED steps=300 seconds=4.861233 cpu=4.790112 median_step_s=0.015870 instrumented=1
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ import argparse
 import contextlib
 import os
 import socket
+import statistics
 import sys
 import time
 import warnings
@@ -45,7 +58,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from agent.control import JobControl, NodeFlags
-from agent.sinks import make_sink
+from agent.sinks import NullSink, make_sink
 from agent.torch_hooks import Checkpointer, Instrument, TrainState
 
 EXIT_CONFIG = 2
@@ -67,10 +80,22 @@ Measure each of them, and the one that costs the most is the one to fix first.
 """
 
 
+NOISE = 0.1  # the share of characters swapped for a random one
+COPIES = 64
+
+
 def _corpus_tensor():
+    """The corpus, many times over, with one character in ten swapped at random (the
+    same for every rank): the swaps cannot be learnt, so the loss settles near their
+    entropy instead of falling towards zero with a memorised text, where its noise
+    would look like spikes."""
     chars = sorted(set(CORPUS))
     index = {c: i for i, c in enumerate(chars)}
-    return torch.tensor([index[c] for c in CORPUS], dtype=torch.long), len(chars)
+    clean = torch.tensor([index[c] for c in CORPUS], dtype=torch.long).repeat(COPIES)
+    g = torch.Generator().manual_seed(7)
+    swap = torch.rand(len(clean), generator=g) < NOISE
+    noise = torch.randint(len(chars), (len(clean),), generator=g)
+    return torch.where(swap, noise, clean), len(chars)
 
 
 class Block(nn.Module):
@@ -135,6 +160,64 @@ class Batches:
         return x, y
 
 
+class _UntimedStep:
+    """`Instrument.step()` without the agent: the step's wall time, nothing reported."""
+
+    _nothing = contextlib.nullcontext()
+
+    def __init__(self, owner: NoInstrument, step: int):
+        self.owner = owner
+        self.step = step
+        self._t0 = 0.0
+
+    def __enter__(self):
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        step_s = time.perf_counter() - self._t0
+        self.owner.last = {"step": self.step, "step_s": step_s, "compute_s": step_s}
+        return False
+
+    def data_wait(self):
+        return self._nothing
+
+    def comm_wait(self):
+        return self._nothing
+
+    def report(self, **_):
+        pass
+
+
+class NoInstrument:
+    """The part of `Instrument`'s interface the loop uses, doing nothing (--no-instrument):
+    no comm hook, no events, no heartbeat thread."""
+
+    def __init__(self):
+        self.last: dict | None = None
+
+    def step(self, step: int) -> _UntimedStep:
+        return _UntimedStep(self, step)
+
+    def attach(self, ddp_model, process_group=None):
+        return None
+
+    def attempt_started(self, **_):
+        pass
+
+    def ready(self):
+        pass
+
+    def attempt_ended(self, reason="completed", exit_code=None):
+        pass
+
+    def fault(self, type_, message=None, **data):
+        pass
+
+    def close(self):
+        pass
+
+
 def _is_collective_error(exc: BaseException) -> bool:
     if isinstance(exc, dist.DistError):
         return True
@@ -176,9 +259,14 @@ def parse_args(argv=None):
     p.add_argument("--control", default=None, help="the job's fault control file")
     p.add_argument("--node-flags", default=None, help="the node's flags file")
     p.add_argument("--collective-timeout-s", type=float, default=60.0)
-    p.add_argument("--bucket-mb", type=float, default=0.1, help="DDP bucket size")
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket size (its default)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--log-every", type=int, default=0, help="rank 0 prints every N steps")
+    p.add_argument(
+        "--no-instrument",
+        action="store_true",
+        help="train without the agent (no reporter, hooks or events): the overhead baseline",
+    )
     return p.parse_args(argv)
 
 
@@ -202,24 +290,27 @@ def main(argv=None) -> int:
         return EXIT_CONFIG
     accumulation = args.global_batch // per_pass
 
-    sink = make_sink(
-        {"events": args.events, "url": args.url},
-        job=args.job,
-        node=args.node,
-        rank=rank,
-        attempt=args.attempt,
-    )
     control = JobControl(args.control)
     flags = NodeFlags(args.node_flags)
-    inst = Instrument(
-        sink,
-        rank=rank,
-        node=args.node,
-        attempt=args.attempt,
-        window=args.window,
-        heartbeat_s=args.heartbeat_s or None,
-        heartbeat_muted=lambda: not flags.heartbeats(),
-    )
+    if args.no_instrument:
+        sink, inst = NullSink(), NoInstrument()
+    else:
+        sink = make_sink(
+            {"events": args.events, "url": args.url},
+            job=args.job,
+            node=args.node,
+            rank=rank,
+            attempt=args.attempt,
+        )
+        inst = Instrument(
+            sink,
+            rank=rank,
+            node=args.node,
+            attempt=args.attempt,
+            window=args.window,
+            heartbeat_s=args.heartbeat_s or None,
+            heartbeat_muted=lambda: not flags.heartbeats(),
+        )
     nodes = [n for n in args.nodes.split(",") if n] or [args.node]
     inst.attempt_started(
         world_size=world,
@@ -299,6 +390,8 @@ def _train(args, inst, sink, control, rank, world, accumulation) -> int:
     last_saved = restored
     tokens = world * accumulation * args.micro_batch * args.seq_len
     own_compute = None  # this rank's usual compute time per step, without injected delay
+    loop_t0, loop_cpu0 = time.perf_counter(), time.process_time()
+    ends = []  # when each iteration ended (perf_counter), for the TRAINED line
     for step in range(first, args.steps + 1):
         slow = control.slow_factor(rank)
         loss_fault = control.loss_fault(step, rank)
@@ -340,10 +433,19 @@ def _train(args, inst, sink, control, rank, world, accumulation) -> int:
         if ckpt is not None and (step % args.ckpt_every == 0 or step == args.steps):
             ckpt.save(step, state)
             last_saved = step
+        ends.append(time.perf_counter())
+    loop_s, loop_cpu = time.perf_counter() - loop_t0, time.process_time() - loop_cpu0
+    iterations = [b - a for a, b in zip([loop_t0, *ends], ends, strict=False)]
     if ckpt is not None:
         ckpt.close()
     if rank == 0:
         print(f"done at step {args.steps}; last checkpoint {last_saved}", flush=True)
+        print(
+            f"TRAINED steps={max(0, args.steps - first + 1)} seconds={loop_s:.6f}"
+            f" cpu={loop_cpu:.6f} median_step_s={statistics.median(iterations or [0.0]):.6f}"
+            f" instrumented={0 if args.no_instrument else 1}",
+            flush=True,
+        )
     inst.attempt_ended("completed", exit_code=0)
     return 0
 

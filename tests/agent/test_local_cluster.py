@@ -281,11 +281,11 @@ def test_a_corrupted_loss_is_nan_from_the_given_step(cluster):
 
 def test_stop_ends_a_launch_as_killed(cluster):
     cluster.launch("stopped", nodes=["n1", "n2"], steps=100_000, ckpt_every=10_000, **TRAIN)
-    st = cluster.stop("stopped")
+    st = cluster.stop("stopped", by="operator")
     assert st["state"] == "killed"
     assert all(gone(r["pid"]) for r in st["ranks"])
     (ended,) = events(cluster, "stopped", "attempt_ended")
-    assert ended["data"] == {"reason": "killed"}
+    assert ended["data"] == {"reason": "killed", "requested_by": "operator"}  # not a fault
     assert "fault" not in {e["kind"] for e in events(cluster, "stopped")}
 
 
