@@ -2,7 +2,12 @@
 reject and cancel) and each cluster's pause switch (operators)."""
 
 from django.http import Http404
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+)
 from rest_framework import generics, status
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
@@ -151,75 +156,66 @@ class ActionDetailView(APIView):
         return _detail(pk)
 
 
-class ActionApproveView(APIView):
+class _DecisionView(APIView):
+    """A decision on an action by an operator: the form, the service, the action back."""
+
     required_role = "operator"
     parser_classes = [JSONParser]
+    form_class = s.DecisionSerializer
 
-    @extend_schema(
+    def decide(self, action: Action, request, comment: str) -> None:
+        raise NotImplementedError
+
+    def post(self, request, pk):
+        form = self.form_class(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            self.decide(_action(pk), request, form.validated_data.get("comment", ""))
+        except services.Refused as exc:
+            raise _refused(exc) from exc
+        return _detail(pk)
+
+
+@extend_schema_view(
+    post=extend_schema(
         request=s.DecisionSerializer,
         responses={200: s.ActionDetailSerializer, **REFUSALS},
         summary="Approve (not one's own); the action is queued at once",
     )
-    def post(self, request, pk):
-        form = s.DecisionSerializer(data=request.data)
-        form.is_valid(raise_exception=True)
-        try:
-            services.action_approve(
-                action=_action(pk),
-                actor=_actor(request),
-                user=_user(request),
-                comment=form.validated_data.get("comment", ""),
-            )
-        except services.Refused as exc:
-            raise _refused(exc) from exc
-        return _detail(pk)
+)
+class ActionApproveView(_DecisionView):
+    def decide(self, action, request, comment):
+        services.action_approve(
+            action=action, actor=_actor(request), user=_user(request), comment=comment
+        )
 
 
-class ActionRejectView(APIView):
-    required_role = "operator"
-    parser_classes = [JSONParser]
-
-    @extend_schema(
+@extend_schema_view(
+    post=extend_schema(
         request=s.RejectSerializer,
         responses={200: s.ActionDetailSerializer, **REFUSALS},
         summary="Reject, saying why",
     )
-    def post(self, request, pk):
-        form = s.RejectSerializer(data=request.data)
-        form.is_valid(raise_exception=True)
-        try:
-            services.action_reject(
-                action=_action(pk),
-                actor=_actor(request),
-                user=_user(request),
-                comment=form.validated_data["comment"],
-            )
-        except services.Refused as exc:
-            raise _refused(exc) from exc
-        return _detail(pk)
+)
+class ActionRejectView(_DecisionView):
+    form_class = s.RejectSerializer
+
+    def decide(self, action, request, comment):
+        services.action_reject(
+            action=action, actor=_actor(request), user=_user(request), comment=comment
+        )
 
 
-class ActionCancelView(APIView):
-    required_role = "operator"
-    parser_classes = [JSONParser]
-
-    @extend_schema(
+@extend_schema_view(
+    post=extend_schema(
         request=s.DecisionSerializer,
         responses={200: s.ActionDetailSerializer, **REFUSALS},
         summary="Cancel an action that has not started running",
     )
-    def post(self, request, pk):
-        form = s.DecisionSerializer(data=request.data)
-        form.is_valid(raise_exception=True)
-        try:
-            services.action_cancel(
-                action=_action(pk),
-                actor=_actor(request),
-                comment=form.validated_data.get("comment", ""),
-            )
-        except services.Refused as exc:
-            raise _refused(exc) from exc
-        return _detail(pk)
+)
+class ActionCancelView(_DecisionView):
+    def decide(self, action, request, comment):
+        services.action_cancel(action=action, actor=_actor(request), comment=comment)
 
 
 def _cluster(name) -> Cluster:
