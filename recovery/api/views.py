@@ -157,14 +157,12 @@ class ActionDetailView(APIView):
 
 
 class _DecisionView(APIView):
-    """A decision on an action by an operator: the form, the service, the action back."""
+    """A decision on an action by an operator: the form, the service, the action back.
+    Each decision names its service in `decide(action, request, comment)`."""
 
     required_role = "operator"
     parser_classes = [JSONParser]
     form_class = s.DecisionSerializer
-
-    def decide(self, action: Action, request, comment: str) -> None:
-        raise NotImplementedError
 
     def post(self, request, pk):
         form = self.form_class(data=request.data)
