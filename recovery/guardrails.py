@@ -8,8 +8,9 @@ it runs. Each returns None, or a reason that starts with its own name
 - `pause` holds everything: new automatic actions wait for approval, and queued
   ones do not start until the cluster is resumed.
 - `stale`: the target changed since the action was proposed or approved.
-- `lease` is the database's one-active-action-per-node-and-job constraint, checked
-  first so that a refusal can name the action holding it.
+- `lease` is the database's one-action-at-a-time-per-node-and-job constraint (over
+  Action.LEASE_STATES: actions awaiting approval hold nothing), checked first so that
+  a refusal can name the action holding it.
 
 Dry run is a mode, not a block: a dry-run action (or any on a cluster set to dry
 run) goes through its states, and its driver call is only recorded.
@@ -65,7 +66,7 @@ def pause(action: Action, ctx: Context) -> str | None:
 
 
 def lease(action: Action, ctx: Context) -> str | None:
-    """Another action not yet finished on the same node or job."""
+    """Another action on the same node or job, queued, approved or running."""
     target = Q()
     if action.node_id:
         target |= Q(node_id=action.node_id)
@@ -74,7 +75,7 @@ def lease(action: Action, ctx: Context) -> str | None:
     if not target:
         return None
     holder = (
-        Action.objects.filter(target, state__in=Action.ACTIVE_STATES)
+        Action.objects.filter(target, state__in=Action.LEASE_STATES)
         .exclude(pk=action.pk)
         .order_by("id")
         .first()

@@ -4,8 +4,8 @@ guardrail limits).
 
 The Action row is the truth. Its state moves only through
 `recovery.services.action_transition` (a conditional UPDATE, audited); the
-partial unique constraints on non-terminal states are the per-node and per-job
-lease: at most one action at a time touches a node or a job.
+partial unique constraints on LEASE_STATES are the per-node and per-job lease: at
+most one action at a time is decided to touch a node or a job.
 """
 
 from django.conf import settings
@@ -15,8 +15,13 @@ from django.db.models import Q
 from incidents.models import Incident
 from jobs.models import Cluster, Node, TrainingJob
 
-# States that hold the node's and the job's lease (all but the terminal ones).
+# Not finished yet.
 ACTIVE_STATES = ("proposed", "awaiting_approval", "approved", "queued", "running")
+# States that hold the node's and the job's lease. An action awaiting approval does
+# not: a person may take an hour to decide, and meanwhile the job that crashed must
+# still be restarted automatically. The approval takes the lease (or is refused,
+# naming its holder), and the stale check sends it back if the target moved on.
+LEASE_STATES = ("proposed", "approved", "queued", "running")
 TERMINAL_STATES = ("rejected", "expired", "succeeded", "failed", "cancelled")
 
 
@@ -49,6 +54,7 @@ class Action(models.Model):
         APPROVAL = "approval"  # waits for an operator other than the requester
 
     ACTIVE_STATES = ACTIVE_STATES
+    LEASE_STATES = LEASE_STATES
     TERMINAL_STATES = TERMINAL_STATES
 
     kind = models.CharField(max_length=32, choices=Kind.choices)
@@ -132,12 +138,12 @@ class Action(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["node"],
-                condition=Q(state__in=ACTIVE_STATES) & Q(node__isnull=False),
+                condition=Q(state__in=LEASE_STATES) & Q(node__isnull=False),
                 name="action_one_active_per_node",
             ),
             models.UniqueConstraint(
                 fields=["job"],
-                condition=Q(state__in=ACTIVE_STATES) & Q(job__isnull=False),
+                condition=Q(state__in=LEASE_STATES) & Q(job__isnull=False),
                 name="action_one_active_per_job",
             ),
             models.UniqueConstraint(

@@ -351,9 +351,11 @@ def _fresh(action: Action) -> Action:
 
 
 def action_approve(*, action: Action, actor: str, user=None, comment: str = "") -> Action:
-    """An operator other than the requester approves; the action is queued at once,
-    unless its target changed since it was proposed (then it is back in the queue,
-    with the new state to approve, and Refused `stale` says so)."""
+    """An operator other than the requester approves; the action takes the lease and
+    is queued at once, unless its target changed since it was proposed (then it is
+    back in the queue, with the new state to approve, and Refused `stale` says so).
+    Refused `guardrail` when another action holds the target (`lease`) or no spare
+    is left."""
     action = _fresh(action)
     if _is_requester(action, actor, user):
         raise Refused(
@@ -364,19 +366,24 @@ def action_approve(*, action: Action, actor: str, user=None, comment: str = "") 
     if action.state != S.AWAITING_APPROVAL:
         raise Refused("invalid_state", f"action #{action.pk} is {action.state}, not awaiting")
     ctx = guardrails.Context(cluster_settings(action.cluster_id), timezone.now())
-    blocked = guardrails.first_block(action, ctx, guardrails.ALWAYS)
+    blocked = guardrails.first_block(action, ctx, (guardrails.lease, *guardrails.ALWAYS))
     if blocked:
         raise Refused("guardrail", blocked[1], guardrail=blocked[0])
     with transaction.atomic():
-        done = action_transition(
-            action=action,
-            to=S.APPROVED,
-            actor=actor,
-            why=comment or "approved",
-            approved_by=actor,
-            approved_by_user=user if getattr(user, "pk", None) else None,
-            comment=comment,
-        )
+        try:
+            done = action_transition(
+                action=action,
+                to=S.APPROVED,
+                actor=actor,
+                why=comment or "approved",
+                approved_by=actor,
+                approved_by_user=user if getattr(user, "pk", None) else None,
+                comment=comment,
+            )
+        except IntegrityError as exc:  # the lease was taken since the check above
+            raise Refused(
+                "guardrail", "lease: another action took this target; try again", guardrail="lease"
+            ) from exc
         if not done:
             raise Refused("conflict", f"action #{action.pk} changed meanwhile; reload it")
         stale = guardrails.stale(action, ctx)

@@ -134,7 +134,10 @@ def test_cancel_before_running_only(personas, proposed):
     assert r.status_code == 409 and r.json()["error"] == "invalid_state"
 
 
-def test_a_second_action_on_a_leased_target_is_409(personas, proposed):
+def test_a_second_action_on_a_leased_target_is_409(personas, operator2, proposed):
+    """Waiting for approval holds nothing; once approved, the action holds the node."""
+    assert propose(personas, kind="uncordon_node").status_code == 201
+    assert post(operator2, f"/api/v1/actions/{proposed.pk}/approve").status_code == 200
     r = propose(personas, kind="drain_node")
     assert r.status_code == 409
     body = r.json()

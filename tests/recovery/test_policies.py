@@ -6,7 +6,7 @@ import pytest
 
 from incidents.models import Incident
 from incidents.signals import incident_opened, incident_updated
-from jobs.models import Checkpoint, Node
+from jobs.models import Attempt, Checkpoint, Node
 from recovery import policies, services
 from recovery.models import Action, RecoveryPolicy
 from tests.recovery.conftest import T0, dt, make_incident, states
@@ -224,23 +224,30 @@ def test_cluster_and_job_overrides(cluster, job, nodes, noop, run_on_commit):
     )
 
 
-def test_a_proposal_held_back_by_the_lease_comes_when_it_is_free(job, nodes, noop, run_on_commit):
+def test_a_waiting_approval_does_not_hold_back_an_automatic_restart(
+    job, nodes, noop, run_on_commit
+):
     """A straggler's replacement waits for approval on the job; the job then crashes:
-    its restart cannot be proposed while the lease is held, and is once the
-    replacement is rejected."""
+    its restart runs at once. Approved afterwards, the replacement finds the job
+    relaunched since it was proposed, and goes back to the queue saying so."""
     straggler = make_incident(
         job, cause="straggler", fault_type="straggler", nodes=[nodes["n02"]], attempt=None
     )
     opened(straggler, run_on_commit)
+    replace = Action.objects.get(kind="replace_at_next_checkpoint")
+    assert replace.state == S.AWAITING_APPROVAL
     crash = make_incident(job, cause="software", fault_type="crash")
     opened(crash, run_on_commit)
-    assert list(Action.objects.values_list("kind", flat=True)) == ["replace_at_next_checkpoint"]
-    with run_on_commit():
-        services.action_reject(
-            action=Action.objects.get(), actor="operator2", comment="restart it instead"
-        )
     restart = Action.objects.get(kind="restart_job")
     assert (restart.incident, restart.state) == (crash, S.SUCCEEDED)
+    Attempt.objects.create(
+        job=job, number=2, world_size=16, gpus_per_node=8, started_at=dt(T0 + 1000)
+    )
+    with run_on_commit(), pytest.raises(services.Refused) as exc:
+        services.action_approve(action=replace, actor="operator2")
+    assert exc.value.code == "stale" and "job launch 1 -> 2" in exc.value.detail
+    replace.refresh_from_db()
+    assert (replace.state, replace.blocked_by) == (S.AWAITING_APPROVAL, "stale")
 
 
 def test_an_incident_that_turns_out_to_be_hardware_proposes_the_isolation(

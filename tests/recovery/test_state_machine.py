@@ -123,7 +123,11 @@ def test_a_proposal_is_audited_from_creation(cluster, nodes):
 def test_one_active_action_per_node_and_per_job_is_a_database_constraint(cluster, nodes, job):
     make_action(cluster, nodes["n01"], S.QUEUED)
     with pytest.raises(IntegrityError), transaction.atomic():
-        make_action(cluster, nodes["n01"], S.AWAITING_APPROVAL)
+        make_action(cluster, nodes["n01"], S.APPROVED)
+    # Waiting for a person holds nothing; approving takes the lease.
+    waiting = make_action(cluster, nodes["n01"], S.AWAITING_APPROVAL)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Action.objects.filter(pk=waiting.pk).update(state=S.APPROVED)
     Action.objects.create(
         cluster=cluster, kind="restart_job", job=job, state=S.RUNNING, requested_by="x"
     )
@@ -149,6 +153,24 @@ def test_a_proposal_on_a_leased_target_is_refused_naming_the_holder(cluster, nod
     assert exc.value.code == "lease" and exc.value.extra["guardrail"] == "lease"
     assert f"#{holder.pk}" in exc.value.detail
     assert Action.objects.count() == 1
+
+
+def test_an_approval_takes_the_lease_or_is_refused_naming_the_holder(cluster, nodes):
+    """Two proposals on one node both wait for a person; the first approved takes
+    the node, the second cannot be approved while the first holds it."""
+    first, second = (
+        services.action_propose(
+            cluster=cluster, kind=kind, node=nodes["n01"], reason="x", requested_by="operator"
+        )
+        for kind in ("drain_node", "cordon_node")
+    )
+    assert {first.state, second.state} == {S.AWAITING_APPROVAL}
+    services.action_approve(action=first, actor="operator2")
+    with pytest.raises(services.Refused) as exc:
+        services.action_approve(action=second, actor="operator2")
+    assert exc.value.extra["guardrail"] == "lease" and f"#{first.pk}" in exc.value.detail
+    second.refresh_from_db()
+    assert second.state == S.AWAITING_APPROVAL and not second.approved_by
 
 
 def test_each_move_of_an_action_answering_an_incident_is_on_its_timeline(cluster, nodes, job):

@@ -1,7 +1,7 @@
 """Choose the driver that carries out a cluster's recovery actions.
 
-    manage.py set_cluster_driver --cluster demo noop
-    manage.py set_cluster_driver --cluster east slurm --option slurm_conf=/etc/slurm/slurm.conf
+manage.py set_cluster_driver --cluster demo noop
+manage.py set_cluster_driver --cluster east slurm --option slurm_conf=/etc/slurm/slurm.conf
 """
 
 from django.core.management.base import BaseCommand, CommandError
