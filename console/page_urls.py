@@ -1,9 +1,17 @@
+from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from console import views
+from console.pages import approvals, incidents, jobs, live, nodes, overview, reliability
 
 app_name = "console"
 urlpatterns = [
-    path("", views.job_list, name="job-list"),
-    path("jobs/<slug:key>/", views.job_detail, name="job-detail"),
+    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(next_page="/login/"), name="logout"),
+    *overview.urls,
+    *jobs.urls,
+    *incidents.urls,
+    *approvals.urls,
+    *nodes.urls,
+    *reliability.urls,
+    *live.urls,
 ]

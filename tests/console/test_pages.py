@@ -18,7 +18,7 @@ def demo(db):
 @pytest.mark.parametrize("persona", ["viewer", "operator", "admin"])
 def test_roles_see_the_jobs_and_their_ledger(client, personas, demo, persona):
     client.force_login(personas[persona].user)
-    r = client.get("/")
+    r = client.get("/jobs/")
     assert r.status_code == 200
     html = r.content.decode()
     assert "demo-llm" in html and "Goodput (time)" in html

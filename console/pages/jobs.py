@@ -1,29 +1,12 @@
-"""Server-rendered pages: the jobs and their ledgers."""
+"""The jobs pages: every job with its ledger, and one job in depth."""
 
-from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, render
+from django.urls import path
 
-from console.roles import role_allows, user_role
+from console.charts import CATEGORY_COLOURS
+from console.pages.common import viewer_page
 from jobs import selectors
 from jobs.accounting import CATEGORIES
-
-# Okabe-Ito colours: distinguishable with the common colour-vision deficiencies.
-CATEGORY_COLOURS = {
-    "productive": "#009E73",
-    "startup": "#E69F00",
-    "checkpoint_restore": "#56B4E9",
-    "checkpoint_save": "#0072B2",
-    "wasted_progress": "#D55E00",
-    "stalled": "#CC79A7",
-    "downtime": "#333333",
-    "other": "#BBBBBB",
-}
-
-
-def _require_viewer(request):
-    if not role_allows(user_role(request.user), "viewer"):
-        raise PermissionDenied("You need the viewer role to see this console.")
 
 
 def _breakdown(figures: dict) -> list[dict]:
@@ -43,9 +26,8 @@ def _breakdown(figures: dict) -> list[dict]:
     ]
 
 
-@login_required
+@viewer_page
 def job_list(request):
-    _require_viewer(request)
     jobs = list(selectors.job_list()[:200])
     selectors.attach_summaries(jobs)
     rows = []
@@ -59,9 +41,8 @@ def job_list(request):
     )
 
 
-@login_required
+@viewer_page
 def job_detail(request, key):
-    _require_viewer(request)
     job = get_object_or_404(selectors.job_list(), key=key)
     selectors.attach_summaries([job])
     figures = selectors.job_goodput(job=job)
@@ -76,3 +57,9 @@ def job_detail(request, key):
             "checkpoints": selectors.job_checkpoints(job=job),
         },
     )
+
+
+urls = [
+    path("jobs/", job_list, name="job-list"),
+    path("jobs/<slug:key>/", job_detail, name="job-detail"),
+]

@@ -1,0 +1,116 @@
+"""Plotly figures as plain dicts, built on the server from selector output, and
+the downsampling that keeps a 1,000,000-step series as cheap to draw as a small one.
+
+Figures are dicts (not plotly.graph_objects, whose validation costs more than the
+page's whole budget); templates embed them with `json_script` and static/js/console.js
+draws every element carrying `data-chart`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+MAX_POINTS = 2000  # per series, sent to the browser
+
+# Okabe-Ito: distinguishable with the common colour-vision deficiencies.
+OKABE_ITO = {
+    "orange": "#E69F00",
+    "sky": "#56B4E9",
+    "green": "#009E73",
+    "yellow": "#F0E442",
+    "blue": "#0072B2",
+    "vermillion": "#D55E00",
+    "purple": "#CC79A7",
+    "black": "#333333",
+    "grey": "#BBBBBB",
+}
+CATEGORY_COLOURS = {
+    "productive": OKABE_ITO["green"],
+    "startup": OKABE_ITO["orange"],
+    "checkpoint_restore": OKABE_ITO["sky"],
+    "checkpoint_save": OKABE_ITO["blue"],
+    "wasted_progress": OKABE_ITO["vermillion"],
+    "stalled": OKABE_ITO["purple"],
+    "downtime": OKABE_ITO["black"],
+    "other": OKABE_ITO["grey"],
+}
+# Node states on the overview grid and the nodes pages.
+NODE_STATE_COLOURS = {
+    "active": OKABE_ITO["green"],
+    "suspect": OKABE_ITO["yellow"],
+    "cordoned": OKABE_ITO["vermillion"],
+    "draining": OKABE_ITO["orange"],
+    "in_repair": OKABE_ITO["purple"],
+    "spare": OKABE_ITO["sky"],
+    "retired": OKABE_ITO["grey"],
+}
+
+
+def downsample(xs: Sequence, ys: Sequence, max_points: int = MAX_POINTS) -> tuple[list, list]:
+    """At most `max_points` points of the series (x ascending), keeping its shape:
+    the series is cut into buckets of equal count, and each bucket keeps its first,
+    minimum, maximum and last point in x order. Spikes, dips and steps back (a
+    rollback) survive; the first and last points are always kept."""
+    n = len(xs)
+    if n != len(ys):
+        raise ValueError(f"x has {n} values and y {len(ys)}")
+    if n <= max_points:
+        return list(xs), list(ys)
+    if max_points < 4:
+        raise ValueError("max_points must be at least 4")
+    buckets = max_points // 4
+    size = math.ceil(n / buckets)
+    keep: list[int] = []
+    for start in range(0, n, size):
+        end = min(start + size, n)
+        idx = {start, end - 1}
+        lo = hi = start
+        for i in range(start, end):
+            y = ys[i]
+            if y is None:
+                continue
+            if ys[lo] is None or y < ys[lo]:
+                lo = i
+            if ys[hi] is None or y > ys[hi]:
+                hi = i
+        idx.update((lo, hi))
+        keep.extend(sorted(idx))
+    return [xs[i] for i in keep], [ys[i] for i in keep]
+
+
+def layout(title: str, x_title: str, y_title: str, **extra) -> dict:
+    """Every chart has a title, axis titles with units, and a legend."""
+    base = {
+        "title": {"text": title},
+        "xaxis": {"title": {"text": x_title}},
+        "yaxis": {"title": {"text": y_title}},
+        "showlegend": True,
+        "legend": {"orientation": "h", "y": -0.25},
+        "margin": {"l": 60, "r": 20, "t": 40, "b": 60},
+        "height": 320,
+    }
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            base[key] = {**base[key], **value}
+        else:
+            base[key] = value
+    return base
+
+
+def figure(data: list[dict], title: str, x_title: str, y_title: str, **extra) -> dict:
+    return {"data": data, "layout": layout(title, x_title, y_title, **extra)}
+
+
+def line(xs, ys, name: str, colour: str, *, max_points: int = MAX_POINTS, **extra) -> dict:
+    """A line trace, downsampled."""
+    xs, ys = downsample(xs, ys, max_points)
+    return {
+        "type": "scattergl" if len(xs) > 1000 else "scatter",
+        "mode": "lines",
+        "name": name,
+        "x": xs,
+        "y": ys,
+        "line": {"color": colour, "width": 1.5},
+        **extra,
+    }

@@ -1,0 +1,50 @@
+"""The JSON status the pages poll every few seconds: the badges, the states of the
+actions a page shows, and (for the node grid) every node's state."""
+
+from django.http import JsonResponse
+from django.urls import path
+from django.utils import timezone
+
+from console.pages.common import viewer_page
+from incidents.models import Incident
+from jobs.models import Node
+from recovery.models import Action
+
+MAX_IDS = 500
+
+
+def _ids(raw: str) -> list[int]:
+    out = []
+    for part in raw.split(",")[:MAX_IDS]:
+        if part.strip().isdigit():
+            out.append(int(part))
+    return out
+
+
+def badges() -> dict:
+    """The counts every page's header shows."""
+    return {
+        "approvals": Action.objects.filter(state=Action.State.AWAITING_APPROVAL).count(),
+        "incidents": Incident.objects.filter(
+            state__in=(Incident.State.OPEN, Incident.State.MITIGATING)
+        ).count(),
+    }
+
+
+@viewer_page
+def status(request):
+    body = {"at": timezone.now().isoformat(), **badges()}
+    ids = _ids(request.GET.get("actions", ""))
+    if ids:
+        body["actions"] = {
+            str(pk): {"state": state}
+            for pk, state in Action.objects.filter(pk__in=ids).values_list("pk", "state")
+        }
+    cluster = request.GET.get("nodes")
+    if cluster:
+        nodes = Node.objects.all() if cluster == "all" else Node.objects.filter(cluster__name=cluster)
+        body["nodes"] = {str(pk): state for pk, state in nodes.values_list("pk", "state")}
+    return JsonResponse(body)
+
+
+urls = [path("status.json", status, name="status")]

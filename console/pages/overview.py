@@ -1,0 +1,14 @@
+"""Overview page (being built)."""
+
+from django.shortcuts import render
+from django.urls import path
+
+from console.pages.common import viewer_page
+
+
+@viewer_page
+def page(request):
+    return render(request, "console/overview.html", {})
+
+
+urls = [path("", page, name="overview")]
