@@ -42,7 +42,9 @@ def status(request):
         }
     cluster = request.GET.get("nodes")
     if cluster:
-        nodes = Node.objects.all() if cluster == "all" else Node.objects.filter(cluster__name=cluster)
+        nodes = Node.objects.all()
+        if cluster != "all":
+            nodes = nodes.filter(cluster__name=cluster)
         body["nodes"] = {str(pk): state for pk, state in nodes.values_list("pk", "state")}
     return JsonResponse(body)
 
