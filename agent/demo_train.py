@@ -34,9 +34,12 @@ slow-rank injection and `--log-every` read). Either way rank 0 ends a completed
 launch with one machine-readable line: the steps its loop ran, the loop's own
 wall time (startup, restore and the wait for the last save excluded), the CPU
 time the whole process (every thread) used meanwhile, and the median wall time
-of one iteration of the loop (a step with its reporting and any save):
+of one iteration of the loop (a step with its reporting and any save), and
+what the agent itself cost (`Instrument.cost()`: its seconds on the training
+thread, its threads' CPU seconds; zeros without it):
 
     TRAINED steps=300 seconds=4.861233 cpu=4.790112 median_step_s=0.015870 instrumented=1
+        agent_main_s=0.021300 agent_threads_cpu_s=0.030100   (one line)
 """
 
 from __future__ import annotations
@@ -216,6 +219,9 @@ class NoInstrument:
 
     def close(self):
         pass
+
+    def cost(self) -> dict:
+        return {"main_s": 0.0, "threads_cpu_s": 0.0}
 
 
 def _is_collective_error(exc: BaseException) -> bool:
@@ -435,6 +441,7 @@ def _train(args, inst, sink, control, rank, world, accumulation) -> int:
             last_saved = step
         ends.append(time.perf_counter())
     loop_s, loop_cpu = time.perf_counter() - loop_t0, time.process_time() - loop_cpu0
+    agent = inst.cost()
     iterations = [b - a for a, b in zip([loop_t0, *ends], ends, strict=False)]
     if ckpt is not None:
         ckpt.close()
@@ -443,7 +450,8 @@ def _train(args, inst, sink, control, rank, world, accumulation) -> int:
         print(
             f"TRAINED steps={max(0, args.steps - first + 1)} seconds={loop_s:.6f}"
             f" cpu={loop_cpu:.6f} median_step_s={statistics.median(iterations or [0.0]):.6f}"
-            f" instrumented={0 if args.no_instrument else 1}",
+            f" instrumented={0 if args.no_instrument else 1}"
+            f" agent_main_s={agent['main_s']:.6f} agent_threads_cpu_s={agent['threads_cpu_s']:.6f}",
             flush=True,
         )
     inst.attempt_ended("completed", exit_code=0)

@@ -26,6 +26,7 @@ from agent.torch_hooks import (  # noqa: E402
     Heartbeat,
     Instrument,
     TrainState,
+    agent_threads_cpu_s,
     latest_checkpoint,
 )
 
@@ -152,10 +153,12 @@ def test_ddp_comm_hook_times_allreduce_without_changing_gradients(tmp_path):
         inst = Instrument(rec, node="n1", attempt=1, window=3)
         inst.attach(ddp)
         x = torch.randn(4, 32)
+        t0 = time.perf_counter()
         for step in range(1, 5):
             with inst.step(step) as s:
                 ddp(x).square().mean().backward()
                 s.report(loss=0.5)
+        loop_s = time.perf_counter() - t0
         reference(x).square().mean().backward()
         for p, q in zip(model.parameters(), reference.parameters(), strict=True):
             assert torch.allclose(p.grad, 4 * q.grad)  # 4 backward passes accumulated
@@ -163,11 +166,27 @@ def test_ddp_comm_hook_times_allreduce_without_changing_gradients(tmp_path):
     finally:
         dist.destroy_process_group()
     assert inst.comm.allreduces >= 4  # at least one per backward pass
+    # What the agent cost: its bookkeeping and hook time, a small part of the steps.
+    cost = inst.cost()
+    assert 0 < inst.comm.own_s < cost["main_s"] < loop_s
     windows = [d for d, _ in rec.of("rank_window")]
     assert [(w["first_step"], w["last_step"]) for w in windows] == [(1, 3), (4, 4)]
     for w in windows:
         assert 0 <= w["comm_wait_s"] < w["step_s"]
         assert w["compute_s"] < w["step_s"]
+
+
+def test_the_agents_threads_cpu_is_counted_while_they_live():
+    rec = Recorder()
+    before = agent_threads_cpu_s()
+    hb = Heartbeat(rec, node="n1", interval_s=0.0005).start()
+    deadline = time.monotonic() + 5
+    while hb.beats < 200 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    busy = agent_threads_cpu_s()
+    hb.stop()
+    assert busy > before
+    assert agent_threads_cpu_s() == pytest.approx(before, abs=1e-3)  # a stopped thread is gone
 
 
 def test_heartbeats_name_node_and_rank_and_stop_while_muted():
