@@ -117,7 +117,7 @@ class CommTimer:
         self._last_launched = False
         self.wait_s = 0.0
         self.allreduces = 0
-        self.own_s = 0.0  # time spent in the hook's Python code, the launch included
+        self.own_s = 0.0  # CPU seconds in the hook's Python code, the launch included
 
     def spent(self, seconds: float) -> None:
         with self._lock:
@@ -147,19 +147,19 @@ def timed_allreduce_hook(state, bucket):
 
     (No annotations: DDP checks them against dist.GradBucket, and this module's
     postponed annotations would be strings.)"""
-    t0 = time.perf_counter()
+    t0 = time.thread_time()  # CPU time: what the agent costs, whatever else runs
     state.launched(bucket.is_last())
     fut = default_hooks.allreduce_hook(state.process_group, bucket)
 
     def _done(f):
-        t = time.perf_counter()
+        t = time.thread_time()
         state.done()
         value = f.value()
-        state.spent(time.perf_counter() - t)
+        state.spent(time.thread_time() - t)
         return value
 
     fut = fut.then(_done)
-    state.spent(time.perf_counter() - t0)
+    state.spent(time.thread_time() - t0)
     return fut
 
 
@@ -197,11 +197,11 @@ class StepTimer:
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is None:
-            t = time.perf_counter()
+            t = time.thread_time()
             # Reading a loss tensor waits for the step's kernels (on GPU): before the clock.
             self.loss, self.grad_norm = _number(self.loss), _number(self.grad_norm)
             self.instrument._finish(self, self._clock() - self._t0)
-            self.instrument.own_s += time.perf_counter() - t
+            self.instrument.own_s += time.thread_time() - t
         return False
 
     @contextlib.contextmanager
@@ -312,7 +312,7 @@ class Instrument:
         self._rows: list[tuple[int, float, float, float, float]] = []
         self._explicit_comm = False
         self.heartbeat = None
-        self.own_s = 0.0  # time its step bookkeeping took on the training thread
+        self.own_s = 0.0  # CPU seconds its step bookkeeping took on the training thread
         if heartbeat_s and node:
             self.heartbeat = Heartbeat(
                 emitter,
@@ -421,10 +421,11 @@ class Instrument:
             self.heartbeat.stop()
 
     def cost(self) -> dict:
-        """What the agent itself has cost this process so far: seconds of its work on
-        the training thread (step bookkeeping and events, plus the comm hook's Python,
-        the all-reduce launch included: an upper bound) and the CPU seconds of its
-        threads (the reporter's sender, the heartbeat)."""
+        """What the agent itself has cost this process so far, in CPU seconds (so other
+        work on the cores neither hides nor inflates it): its work on the training
+        thread (step bookkeeping and events, plus the comm hook's Python, the
+        all-reduce launch included: an upper bound) and its threads (the reporter's
+        sender, the heartbeat)."""
         hook_s = self.comm.own_s if self.comm is not None else 0.0
         return {"main_s": self.own_s + hook_s, "threads_cpu_s": agent_threads_cpu_s()}
 
