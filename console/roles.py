@@ -14,11 +14,14 @@ def user_role(user) -> str | None:
         return None
     if user.is_superuser:
         return "admin"
+    # Kept on the user object: a page asks several times per request (one query).
+    cached = getattr(user, "_rebound_role", False)
+    if cached is not False:
+        return cached
     names = {g.name for g in user.groups.all()}
-    for role in reversed(ROLE_ORDER):
-        if role in names:
-            return role
-    return None
+    role = next((r for r in reversed(ROLE_ORDER) if r in names), None)
+    user._rebound_role = role
+    return role
 
 
 def role_allows(role: str | None, required: str) -> bool:

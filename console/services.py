@@ -53,3 +53,4 @@ def user_set_role(*, user, role: str | None) -> None:
         user.groups.remove(*Group.objects.filter(name__in=ROLE_ORDER))
         if role:
             user.groups.add(Group.objects.get_or_create(name=role)[0])
+    user.__dict__.pop("_rebound_role", None)  # user_role's cache on this object

@@ -1,13 +1,15 @@
 """Reads of the incidents app."""
 
-from datetime import timedelta
+import math
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
 from statistics import median
 
-from django.db.models import Count, Min, Prefetch, Q, QuerySet
+from django.db.models import Count, Min, Prefetch, Q, QuerySet, Sum
 from django.utils import timezone
 
 from incidents.models import Incident, TimelineEntry
-from jobs.models import Attempt, Node, RankWindow
+from jobs.models import Attempt, Node, RankWindow, TrainingJob
 
 
 def incident_list(
@@ -70,20 +72,28 @@ def _summary(values: list[float]) -> dict:
 
 def reliability(*, cluster: str | None, start, end) -> dict:
     """Failures in [start, end): by cause, MTBF, times to resume and recover, lost
-    GPU-hours by cause, and the nodes in several of them."""
-    incidents = list(incident_list(cluster=cluster, since=start, until=end))
-    total = len(incidents)
+    GPU-hours by cause, and the nodes in several of them.
+
+    Reads plain rows (no model instances) and counts nodes in SQL: the report
+    pages ask for hundreds of incidents at a time."""
+    qs = incident_list(cluster=cluster, since=start, until=end).prefetch_related(None)
+    rows = list(
+        qs.values_list("cause", "lost_gpu_seconds", "fault_at", "resumed_at", "recovered_at")
+    )
+    total = len(rows)
     by_cause: dict[str, dict] = {}
-    for i in incidents:
-        c = by_cause.setdefault(i.cause, {"count": 0, "lost_gpu_hours": 0.0})
+    for cause, lost_s, _, _, _ in rows:
+        c = by_cause.setdefault(cause, {"count": 0, "lost_gpu_hours": 0.0})
         c["count"] += 1
-        c["lost_gpu_hours"] += i.lost_gpu_hours
+        c["lost_gpu_hours"] += lost_s / 3600.0
     for c in by_cause.values():
         c["share"] = c["count"] / total
-    node_counts: dict[str, int] = {}
-    for i in incidents:
-        for n in i.nodes.all():
-            node_counts[n.name] = node_counts.get(n.name, 0) + 1
+    node_counts = dict(
+        Incident.nodes.through.objects.filter(incident__in=qs.values("pk"))
+        .values("node__name")
+        .annotate(n=Count("incident"))
+        .values_list("node__name", "n")
+    )
     period_s = (end - start).total_seconds()
     return {
         "cluster": cluster,
@@ -92,9 +102,9 @@ def reliability(*, cluster: str | None, start, end) -> dict:
         "failures": total,
         "mtbf_s": period_s / total if total else None,
         "by_cause": dict(sorted(by_cause.items(), key=lambda kv: -kv[1]["count"])),
-        "time_to_resume": _summary([i.time_to_resume_s for i in incidents if i.resumed_at]),
-        "time_to_recover": _summary([i.time_to_recover_s for i in incidents if i.recovered_at]),
-        "lost_gpu_hours": sum(i.lost_gpu_hours for i in incidents),
+        "time_to_resume": _summary([(r[3] - r[2]).total_seconds() for r in rows if r[3]]),
+        "time_to_recover": _summary([(r[4] - r[2]).total_seconds() for r in rows if r[4]]),
+        "lost_gpu_hours": sum(r[1] / 3600.0 for r in rows),
         "repeat_offenders": [
             {"node": name, "incidents": n}
             for name, n in sorted(node_counts.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -175,3 +185,214 @@ def job_rank_scores(*, job) -> dict:
         "last_step": rows[0].last_step,
         "ranks": ranks,
     }
+
+
+# --- the console's incident page and reliability report --------------------------------
+
+TIMELINE_MAX = 500  # entries an incident page shows
+
+
+def incident_timeline(*, incident: Incident, limit: int = TIMELINE_MAX) -> dict:
+    """The incident's timeline in time order, at most `limit` entries: when it is
+    longer (a storm of signals), its first and last halves, which hold what opened
+    it and what was done since. Two queries at most, whatever its length."""
+    qs = TimelineEntry.objects.filter(incident=incident).order_by("at", "id")
+    rows = list(qs[: limit + 1])
+    if len(rows) <= limit:
+        return {"head": rows, "tail": [], "total": len(rows)}
+    head = rows[: limit // 2]
+    tail = list(qs.reverse()[: limit - len(head)])[::-1]
+    total = qs.count()
+    return {"head": head, "tail": tail, "total": total}
+
+
+def node_clusters(*, names, cluster: str | None = None) -> dict[str, list[str]]:
+    """The clusters that have a node of each name (reliability counts nodes by name)."""
+    qs = Node.objects.filter(name__in=list(names))
+    if cluster:
+        qs = qs.filter(cluster__name=cluster)
+    out: dict[str, list[str]] = {}
+    for name, cluster_name in qs.order_by("cluster__name").values_list("name", "cluster__name"):
+        out.setdefault(name, []).append(cluster_name)
+    return out
+
+
+def _week_start(at: datetime) -> datetime:
+    """Monday 00:00 UTC of `at`'s ISO week."""
+    d = at.astimezone(UTC)
+    return (d - timedelta(days=d.weekday())).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def _overlap(a: float, b: float, lo: float, hi: float) -> float:
+    return max(0.0, min(b, hi) - max(a, lo))
+
+
+def _share(a: float, b: float, lo: float, hi: float) -> float:
+    """The fraction of [a, b] inside [lo, hi); a point counts whole where it falls."""
+    if b <= a:
+        return 1.0 if lo <= a < hi else 0.0
+    return _overlap(a, b, lo, hi) / (b - a)
+
+
+def _launch_spans(launches, finished_at, last_event_ts) -> list[tuple[int, float, float, int]]:
+    """(number, from, to, world size) of each launch: to the next launch's start, the
+    last one to the job's end; the ledger weighs the gap after a launch by its size."""
+    spans = []
+    previous_ws = None
+    starts = sorted(launches, key=lambda x: (x[1], x[0]))
+    if not starts:
+        return spans
+    t_end = finished_at.timestamp() if finished_at is not None else (last_event_ts or 0.0)
+    t_end = max(t_end, starts[-1][1])
+    for k, (number, start, ws) in enumerate(starts):
+        ws = ws or previous_ws or 1
+        previous_ws = ws
+        stop = starts[k + 1][1] if k + 1 < len(starts) else t_end
+        spans.append((number, start, max(stop, start), ws))
+    return spans
+
+
+def goodput_by_week(*, cluster: str | None, start: datetime, end: datetime) -> dict:
+    """GPU-weighted goodput per ISO week (UTC) of [start, end), estimated from stored
+    figures in three queries, whatever the jobs' length.
+
+    The exact figure, every job's windowed ledger for every week, costs jobs x weeks
+    ledger computations (seconds for one 1,000,000-step job), beyond a page's budget.
+    The estimate, per job and week:
+
+    * GPU-seconds: its launches' spans in the week (each launch to the next one's
+      start, the last to the job's end) x their world size, as the ledger weighs them;
+    * its incidents' lost GPU-seconds (`lost_breakdown` less `slowdown`, which is not
+      badput) spread evenly from the fault less its wasted progress to the resume:
+      where the wasted steps, the stall, the downtime and the restart lie;
+    * the rest of its badput (saves, first startup, tails) from its cached ledger
+      (`LedgerSnapshot`, possibly a revision behind) at its lifetime rate;
+    * productive = GPU-seconds - both.
+
+    Summed over a job's whole life it gives the job's cached productive GPU-seconds
+    back; only the split between weeks is estimated. Jobs with no cached ledger yet
+    are left out and counted in `jobs_without_ledger`.
+    """
+    weeks = []
+    w = _week_start(start)
+    while w < end:
+        nxt = w + timedelta(days=7)
+        weeks.append((w, max(w, start), min(nxt, end)))
+        w = nxt
+    bounds = [(lo.timestamp(), hi.timestamp()) for _, lo, hi in weeks]
+
+    jobs = TrainingJob.objects.filter(
+        first_event_ts__lt=end.timestamp(), last_event_ts__gte=start.timestamp()
+    )
+    if cluster:
+        jobs = jobs.filter(cluster__name=cluster)
+    rows = list(jobs.values_list("id", "finished_at", "last_event_ts", "ledger__figures"))
+    job_ids = jobs.values("id")
+    launches: dict[int, list] = defaultdict(list)
+    for job_id, number, started_at, ws in (
+        Attempt.objects.filter(job__in=job_ids)
+        .exclude(started_at=None)
+        .values_list("job_id", "number", "started_at", "world_size")
+    ):
+        launches[job_id].append((number, started_at.timestamp(), ws))
+    losses: dict[int, list] = defaultdict(list)
+    for job_id, attempt, fault_at, resumed_at, breakdown in Incident.objects.filter(
+        job__in=job_ids, lost_gpu_seconds__gt=0
+    ).values_list("job_id", "attempt", "fault_at", "resumed_at", "lost_breakdown"):
+        losses[job_id].append((attempt, fault_at, resumed_at, breakdown or {}))
+
+    reserved = [0.0] * len(weeks)
+    productive = [0.0] * len(weeks)
+    active = [0] * len(weeks)
+    without_ledger = 0
+    for job_id, finished_at, last_event_ts, figures in rows:
+        if not figures:
+            without_ledger += 1
+            continue
+        gpu = figures["gpu_seconds"]
+        total = math.fsum(gpu.values())
+        spans = _launch_spans(launches[job_id], finished_at, last_event_ts)
+        if total <= 0 or not spans:
+            continue
+        sizes = {number: ws for number, _, _, ws in spans}
+        lost = []  # (from, to, GPU-seconds)
+        for attempt, fault_at, resumed_at, breakdown in losses[job_id]:
+            gpu_s = math.fsum(v for k, v in breakdown.items() if k != "slowdown")
+            if gpu_s <= 0:
+                continue
+            ws = sizes.get(attempt) or 1
+            fault = fault_at.timestamp()
+            a = fault - breakdown.get("wasted_progress", 0.0) / ws
+            b = resumed_at.timestamp() if resumed_at else fault + (gpu_s - (fault - a) * ws) / ws
+            lost.append((a, max(a, b), gpu_s))
+        lost_total = math.fsum(g for _, _, g in lost)
+        badput = max(0.0, total - gpu["productive"])
+        scale = min(1.0, badput / lost_total) if lost_total > 0 else 0.0
+        other_rate = (badput - lost_total * scale) / total
+        for k, (lo, hi) in enumerate(bounds):
+            gpu_s = math.fsum(_overlap(a, b, lo, hi) * ws for _, a, b, ws in spans)
+            if gpu_s <= 0:
+                continue
+            lost_s = scale * math.fsum(g * _share(a, b, lo, hi) for a, b, g in lost)
+            reserved[k] += gpu_s
+            productive[k] += max(0.0, gpu_s * (1.0 - other_rate) - lost_s)
+            active[k] += 1
+    return {
+        "cluster": cluster,
+        "start": start,
+        "end": end,
+        "weeks": [
+            {
+                "week": "{}-W{:02d}".format(*monday.isocalendar()[:2]),
+                "start": lo,
+                "end": hi,
+                "jobs": active[k],
+                "gpu_hours": reserved[k] / 3600.0,
+                "productive_gpu_hours": productive[k] / 3600.0,
+                "goodput": productive[k] / reserved[k] if reserved[k] > 0 else None,
+            }
+            for k, (monday, lo, hi) in enumerate(weeks)
+        ],
+        "jobs": len(rows) - without_ledger,
+        "jobs_without_ledger": without_ledger,
+    }
+
+
+def lost_gpu_hours_recent(*, now=None) -> dict:
+    """GPU-hours lost (incidents' `lost_gpu_seconds`) by faults since midnight UTC
+    today and in the last 7 days, by fault time; one query."""
+    now = now or timezone.now()
+    today = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    week = now - timedelta(days=7)
+    sums = Incident.objects.filter(fault_at__gte=min(today, week), fault_at__lte=now).aggregate(
+        today=Sum("lost_gpu_seconds", filter=Q(fault_at__gte=today)),
+        week=Sum("lost_gpu_seconds", filter=Q(fault_at__gte=week)),
+    )
+    return {
+        "today_since": today,
+        "week_since": week,
+        "today": (sums["today"] or 0.0) / 3600.0,
+        "week": (sums["week"] or 0.0) / 3600.0,
+    }
+
+
+def job_incident_marks(*, job, limit: int = 200) -> dict:
+    """For the job page: the latest `limit` incidents of the job (newest first), how
+    many it has, and the launches an incident interrupted (`interrupted`: numbers).
+    A straggler slows a launch without interrupting it, and an incident tied to no
+    launch (a repeat offender's) interrupted nothing itself. Three queries at most."""
+    qs = Incident.objects.filter(job=job)
+    rows = list(
+        qs.order_by("-fault_at", "-id").values(
+            "id", "fault_at", "summary", "cause", "state", "attempt"
+        )[:limit]
+    )
+    total = len(rows) if len(rows) < limit else qs.count()
+    interrupted = list(
+        qs.exclude(cause=Incident.Cause.STRAGGLER)
+        .exclude(attempt=None)
+        .order_by("attempt")
+        .values_list("attempt", flat=True)
+        .distinct()
+    )
+    return {"rows": rows, "total": total, "interrupted": interrupted}

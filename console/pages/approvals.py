@@ -1,14 +1,78 @@
-"""Approval queue page (being built)."""
+"""The approval queue: every action waiting for a decision with its evidence and blast
+radius, the Approve and Reject forms (the two-person rule shown before anyone clicks,
+and still enforced by the service), and the actions decided lately, states live."""
 
 from django.shortcuts import render
-from django.urls import path
+from django.urls import path, reverse
 
-from console.pages.common import viewer_page
+from console.pages.common import answer, can_operate, operator_post, viewer_page
+from recovery import selectors, services
+from recovery.models import Action
+
+QUEUE_LIMIT = 25  # cards, each with its evidence; the count says how many more wait
+DECIDED_LIMIT = 50
+COMMENT_MAX = 2000  # as the REST API's DecisionSerializer
+OWN_ACTION = "you requested this; another operator must approve"
 
 
 @viewer_page
 def page(request):
-    return render(request, "console/approvals.html", {})
+    queue = selectors.approval_queue(limit=QUEUE_LIMIT)
+    operator = can_operate(request)
+    for item in queue["items"]:
+        item["own"] = operator and selectors.action_is_own(action=item["action"], user=request.user)
+    return render(
+        request,
+        "console/approvals.html",
+        {
+            "items": queue["items"],
+            "total": queue["total"],
+            "decided": selectors.approvals_decided(limit=DECIDED_LIMIT),
+            "can_operate": operator,
+            "own_reason": OWN_ACTION,
+        },
+    )
 
 
-urls = [path("approvals/", page, name="approvals")]
+@operator_post
+def decide(request, pk):
+    """Approve or reject (the submit button's `decision`), as the REST API does: the
+    service decides, its refusal is the answer."""
+    back = reverse("console:approvals")
+    action = Action.objects.filter(pk=pk).first()
+    if action is None:
+        return answer(request, False, f"No action #{pk}.", status=404, back=back, error="not_found")
+    decision = request.POST.get("decision", "")
+    comment = request.POST.get("comment", "").strip()
+    if len(comment) > COMMENT_MAX:
+        detail = f"The comment is too long (at most {COMMENT_MAX} characters)."
+        return answer(request, False, detail, status=400, back=back, error="invalid")
+    actor, user = request.user.get_username(), request.user
+    try:
+        if decision == "approve":
+            action = services.action_approve(action=action, actor=actor, user=user, comment=comment)
+            detail = f"Approved: action #{pk} is {action.state.replace('_', ' ')}."
+        elif decision == "reject":
+            if not comment:
+                detail = "Say why you reject it: a comment is required."
+                return answer(
+                    request, False, detail, status=400, back=back, error="invalid", field="comment"
+                )
+            action = services.action_reject(action=action, actor=actor, user=user, comment=comment)
+            detail = f"Rejected action #{pk}."
+        else:
+            detail = "Choose Approve or Reject."
+            return answer(request, False, detail, status=400, back=back, error="invalid")
+    except services.Refused as exc:
+        state = Action.objects.filter(pk=pk).values_list("state", flat=True).first()
+        extra = {"state": state, **exc.extra}
+        return answer(
+            request, False, exc.detail, status=exc.status, back=back, error=exc.code, **extra
+        )
+    return answer(request, True, detail, back=back, state=action.state, action=action.pk)
+
+
+urls = [
+    path("approvals/", page, name="approvals"),
+    path("approvals/<int:pk>/decide", decide, name="approval-decide"),
+]

@@ -1,14 +1,141 @@
-"""Overview page (being built)."""
+"""The overview: every node of every cluster as a grid coloured by state, the running
+jobs with their goodput, open incidents, actions waiting for approval and the
+GPU-hours lost lately.
+
+Built for 2,000 nodes and 100 running jobs in a fixed number of queries: the nodes
+in one, the jobs' cumulative ledgers from their cached snapshots, and the last hour
+from `jobs.selectors.jobs_recent_goodput` (two queries, no ledger recomputation).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from html import escape
+from urllib.parse import quote
 
 from django.shortcuts import render
-from django.urls import path
+from django.urls import path, reverse
+from django.utils.safestring import mark_safe
 
+from console.charts import NODE_STATE_COLOURS
 from console.pages.common import viewer_page
+from incidents.models import Incident
+from incidents.selectors import incident_list, lost_gpu_hours_recent
+from jobs import selectors as jobs
+from jobs.models import Node, TrainingJob
+from recovery.models import Action
+from recovery.selectors import action_list
+
+JOBS_MAX = 200
+INCIDENTS_MAX = 15
+APPROVALS_MAX = 5
+RECENT_WINDOW_S = 3600.0
+
+# The grid's cue besides colour: a letter per state (active, the usual state, is plain).
+STATE_LETTERS = {
+    "active": "",
+    "suspect": "S",
+    "cordoned": "C",
+    "draining": "D",
+    "in_repair": "R",
+    "spare": "+",
+    "retired": "\u2013",  # an en dash
+}
+STATE_LABELS = {s.value: s.value.replace("_", " ") for s in Node.State}
+_PLAIN = re.compile(r"[A-Za-z0-9._~-]+\Z").match
+
+
+def segment(text: str) -> str:
+    """`text` as one URL path segment (percent-encoding leaves nothing HTML escapes)."""
+    return text if _PLAIN(text) else quote(text, safe="")
+
+
+def node_states() -> list[dict]:
+    """The legend: each state with its colour and letter, in lifecycle order."""
+    return [
+        {
+            "state": s.value,
+            "label": s.label.lower().replace("_", " "),
+            "colour": NODE_STATE_COLOURS[s.value],
+            "letter": STATE_LETTERS[s.value],
+        }
+        for s in Node.State
+    ]
+
+
+def node_grid() -> list[dict]:
+    """Per cluster: its nodes' grid cells (retired ones left out) and its counts per
+    state; one query.
+
+    The cells are built here rather than in a template loop: 2,000 of them cost the
+    template engine about 200 ms, a join of escaped strings a few."""
+    prefix = reverse("console:node-list")
+    clusters: dict[str, dict] = {}
+    rows = Node.objects.order_by("cluster__name", "name").values_list(
+        "pk", "name", "state", "cluster__name"
+    )
+    for pk, name, state, cluster in rows:
+        c = clusters.get(cluster)
+        if c is None:
+            c = clusters[cluster] = {"name": cluster, "cells": [], "counts": Counter()}
+            c["href"] = f"{prefix}{segment(cluster)}/"
+        c["counts"][state] += 1
+        if state != Node.State.RETIRED:
+            n, st = escape(name), escape(state)
+            label = STATE_LABELS.get(state, st)
+            c["cells"].append(
+                f'<a class="ns ncell" href="{c["href"]}{segment(name)}/" data-live-node="{pk}"'
+                f' data-name="{n}" data-state="{st}" title="{n}: {label}"></a>'
+            )
+    order = [s.value for s in Node.State]
+    for c in clusters.values():
+        c["total"] = sum(c["counts"].values())
+        c["count_rows"] = [(s, c["counts"][s]) for s in order if c["counts"][s]]
+        c["cells"] = mark_safe("".join(c["cells"]))  # each value escaped above
+    return list(clusters.values())
+
+
+def running_jobs() -> tuple[list[dict], int]:
+    qs = jobs.job_list(status=TrainingJob.Status.RUNNING)
+    page = list(qs[:JOBS_MAX])
+    total = qs.count()
+    recent = jobs.jobs_recent_goodput(jobs=page, window_s=RECENT_WINDOW_S)
+    rows = []
+    for job in page:
+        # The cached snapshot only (possibly a few seconds stale, refreshed after
+        # ingest): a job whose ledger was never computed shows none rather than this
+        # page computing it.
+        cached = hasattr(job, "ledger")  # select_related: no query either way
+        cumulative = jobs.job_goodput(job=job, allow_stale=True) if cached else None
+        rows.append({"job": job, "cumulative": cumulative, "recent": recent.get(job.pk)})
+    return rows, total
 
 
 @viewer_page
 def page(request):
-    return render(request, "console/overview.html", {})
+    open_states = (Incident.State.OPEN, Incident.State.MITIGATING)
+    incidents = incident_list().filter(state__in=open_states)
+    waiting = action_list(state=Action.State.AWAITING_APPROVAL)
+    job_rows, jobs_total = running_jobs()
+    open_incidents = list(incidents[:INCIDENTS_MAX])
+    approvals = list(waiting[:APPROVALS_MAX])
+    return render(
+        request,
+        "console/overview.html",
+        {
+            "clusters": node_grid(),
+            "states": node_states(),
+            "jobs": job_rows,
+            "jobs_total": jobs_total,
+            "incidents": open_incidents,
+            "incidents_total": incidents.count(),
+            "approvals": approvals,
+            "approvals_total": waiting.count(),
+            "lost": lost_gpu_hours_recent(),
+            "recent_window_min": int(RECENT_WINDOW_S // 60),
+        },
+    )
 
 
 urls = [path("", page, name="overview")]

@@ -1,14 +1,190 @@
-"""Reliability report page (being built)."""
+"""The reliability report: for a cluster (or all) and a period, how often jobs fail,
+why, how fast they come back, what it cost, which nodes keep failing, and the
+goodput week by week. The figures are incidents.selectors.reliability's, as the
+REST endpoint /api/v1/reliability gives them."""
 
+from __future__ import annotations
+
+from datetime import UTC, datetime, time, timedelta
+
+from django import forms
 from django.shortcuts import render
 from django.urls import path
+from django.utils import timezone
 
+from console.charts import OKABE_ITO, figure
 from console.pages.common import viewer_page
+from console.pages.incidents import chart_script, duration
+from incidents import selectors
+from jobs.models import Cluster
+
+DEFAULT_PRESET = "30d"  # as the API's default period
+PRESETS = {"7d": 7, "30d": 30, "90d": 90}
+PRESET_LABELS = {"7d": "last 7 days", "30d": "last 30 days", "90d": "last 90 days"}
+MAX_DAYS = 3 * 366  # a longer period is refused: its weeks would be unreadable anyway
+# One colour per chart: the bars' labels name the causes (ten causes would need more
+# distinguishable colours than Okabe-Ito has).
+FAILURES_COLOUR = OKABE_ITO["blue"]
+LOST_COLOUR = OKABE_ITO["vermillion"]
+
+
+class PeriodForm(forms.Form):
+    cluster = forms.ChoiceField(required=False)
+    range = forms.ChoiceField(
+        required=False, choices=[("", "custom dates"), *PRESET_LABELS.items()], label="Period"
+    )
+    since = forms.DateField(required=False, label="From", widget=forms.DateInput({"type": "date"}))
+    until = forms.DateField(required=False, label="To", widget=forms.DateInput({"type": "date"}))
+
+    def __init__(self, *args, clusters: list[str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["cluster"].choices = [("", "all clusters")] + [(c, c) for c in clusters]
+
+    def clean(self):
+        data = super().clean()
+        since, until = data.get("since"), data.get("until")
+        if since and until and until < since:
+            self.add_error("until", "The end comes before the start.")
+        elif since and (until or timezone.now().date()) - since > timedelta(days=MAX_DAYS):
+            self.add_error("since", f"At most {MAX_DAYS} days.")
+        return data
+
+    def period(self, now: datetime) -> tuple[str | None, datetime, datetime, str]:
+        """(cluster, start, end, what to call the period). Dates are whole UTC days,
+        `until` included; a preset wins over them; nothing valid: the default preset."""
+        d = self.cleaned_data if self.is_bound else {}
+        cluster = d.get("cluster") or None
+        preset = d.get("range") or ""
+        since, until = d.get("since"), d.get("until")
+        if preset or not (since or until):
+            preset = preset or DEFAULT_PRESET
+            return cluster, now - timedelta(days=PRESETS[preset]), now, PRESET_LABELS[preset]
+        end = _day(until, 1) if until else now
+        start = _day(since) if since else end - timedelta(days=PRESETS[DEFAULT_PRESET])
+        return cluster, start, end, f"{start:%Y-%m-%d} to {end - timedelta(seconds=1):%Y-%m-%d}"
+
+
+def _day(value, plus: int = 0) -> datetime:
+    return datetime.combine(value + timedelta(days=plus), time.min, tzinfo=UTC)
+
+
+def _label(cause: str) -> str:
+    return cause.replace("_", " ")
+
+
+def _cause_figure(
+    by_cause: dict, key: str, title: str, y_title: str, fmt: str, colour: str
+) -> dict:
+    causes = list(by_cause)
+    return figure(
+        [
+            {
+                "type": "bar",
+                "name": y_title,
+                "x": [_label(c) for c in causes],
+                "y": [by_cause[c][key] for c in causes],
+                "marker": {"color": colour},
+                "hovertemplate": "%{x}: %{y" + fmt + "}<extra></extra>",
+            }
+        ],
+        title,
+        "cause",
+        y_title,
+    )
+
+
+def _goodput_figure(weeks: list[dict]) -> dict:
+    # A week with no GPU time stays on the axis, as a gap.
+    return figure(
+        [
+            {
+                "type": "bar",
+                "name": "goodput, GPU-weighted (estimated)",
+                "x": [w["week"] for w in weeks],
+                "y": [
+                    None if w["goodput"] is None else round(100 * w["goodput"], 2) for w in weeks
+                ],
+                "customdata": [[round(w["gpu_hours"], 1), w["jobs"]] for w in weeks],
+                "marker": {"color": OKABE_ITO["green"]},
+                "hovertemplate": "%{x}: %{y:.1f}% of %{customdata[0]} GPU-h,"
+                " %{customdata[1]} jobs<extra></extra>",
+            }
+        ],
+        "Goodput by week",
+        "ISO week (UTC)",
+        "goodput (%)",
+        yaxis={"range": [0, 100], "ticksuffix": "%"},
+    )
 
 
 @viewer_page
-def page(request):
-    return render(request, "console/reliability.html", {})
+def reliability(request):
+    clusters = list(Cluster.objects.order_by("name").values_list("name", flat=True))
+    form = PeriodForm(request.GET or None, clusters=clusters)
+    if form.is_bound:
+        form.is_valid()  # the valid fields choose; the errors are shown
+    cluster, start, end, period = form.period(timezone.now())
+    report = selectors.reliability(cluster=cluster, start=start, end=end)
+    goodput = selectors.goodput_by_week(cluster=cluster, start=start, end=end)
+    offenders = report["repeat_offenders"]
+    where = selectors.node_clusters(names=[o["node"] for o in offenders], cluster=cluster)
+    total_lost = report["lost_gpu_hours"]
+    causes = [
+        {
+            "cause": _label(cause),
+            **figures,
+            "lost_share": figures["lost_gpu_hours"] / total_lost if total_lost else 0.0,
+        }
+        for cause, figures in report["by_cause"].items()
+    ]
+    times = [
+        {"name": name, "count": report[key]["count"]}
+        | {k: duration(report[key][k]) for k in ("mean_s", "p50_s", "p90_s")}
+        for name, key in (
+            ("Time to resume", "time_to_resume"),
+            ("Time to recover", "time_to_recover"),
+        )
+    ]
+    by_cause = report["by_cause"]
+    return render(
+        request,
+        "console/reliability.html",
+        {
+            "form": form,
+            "presets": PRESET_LABELS,
+            "period": period,
+            "cluster": cluster,
+            "report": report,
+            "goodput": goodput,
+            "weeks": [
+                {**w, "pct": None if w["goodput"] is None else 100.0 * w["goodput"]}
+                for w in goodput["weeks"]
+            ],
+            "min_incidents": selectors.REPEAT_OFFENDER_MIN,
+            "mtbf": duration(report["mtbf_s"]),
+            "times": times,
+            "causes": causes,
+            "offenders": [{**o, "clusters": where.get(o["node"], [])} for o in offenders],
+            "failures_chart": chart_script(
+                _cause_figure(
+                    by_cause, "count", "Failures by cause", "failures", ":d", FAILURES_COLOUR
+                ),
+                "failures-chart",
+            ),
+            "lost_chart": chart_script(
+                _cause_figure(
+                    by_cause,
+                    "lost_gpu_hours",
+                    "Lost GPU-hours by cause",
+                    "GPU-hours",
+                    ":.2f",
+                    LOST_COLOUR,
+                ),
+                "lost-chart",
+            ),
+            "goodput_chart": chart_script(_goodput_figure(goodput["weeks"]), "goodput-chart"),
+        },
+    )
 
 
-urls = [path("reliability/", page, name="reliability")]
+urls = [path("reliability/", reliability, name="reliability")]

@@ -76,7 +76,9 @@
       form.addEventListener("submit", function (ev) {
         ev.preventDefault();
         var out = form.querySelector("[data-async-result]");
-        var buttons = form.querySelectorAll("button");
+        // Only the buttons enabled now: one rendered disabled (the two-person rule) stays so.
+        var buttons = Array.prototype.filter.call(
+          form.querySelectorAll("button, input[type=submit]"), function (b) { return !b.disabled; });
         buttons.forEach(function (b) { b.disabled = true; });
         var data = new FormData(form);
         if (ev.submitter && ev.submitter.name) data.set(ev.submitter.name, ev.submitter.value);
@@ -90,7 +92,10 @@
               out.textContent = res[1].detail || res[1].message || "";
               out.dataset.ok = res[0] ? "1" : "0";
             }
-            if (!res[0]) buttons.forEach(function (b) { b.disabled = false; });
+            // A decision is made once; other forms (a node's actions) may be used again.
+            if (!res[0] || !form.hasAttribute("data-decision")) {
+              buttons.forEach(function (b) { b.disabled = false; });
+            }
             if (res[1].state && form.dataset.async) {
               apply({ actions: (function (o) { o[form.dataset.async] = { state: res[1].state }; return o; })({}) });
             }

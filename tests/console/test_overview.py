@@ -1,0 +1,402 @@
+"""The overview page: who may see it, the node grid and its live states, the running
+jobs' goodput (cumulative and last hour), open incidents, approvals, the GPU-hours
+lost, and a query count that does not grow with the rows."""
+
+import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from console.charts import NODE_STATE_COLOURS
+from incidents.models import Incident
+from incidents.selectors import lost_gpu_hours_recent
+from jobs.accounting import job_ledger
+from jobs.models import (
+    Attempt,
+    Checkpoint,
+    Cluster,
+    LedgerSnapshot,
+    Node,
+    StepRecord,
+    TrainingJob,
+)
+from jobs.selectors import jobs_recent_goodput
+from recovery.models import Action
+
+pytestmark = pytest.mark.django_db
+
+T0 = 1_790_000_000.0
+_episode = iter(range(1, 10**6))
+
+
+def dt(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, tz=UTC)
+
+
+def figures(goodput: float, gpu_goodput: float) -> dict:
+    cats = dict.fromkeys(
+        (
+            "productive",
+            "startup",
+            "checkpoint_restore",
+            "checkpoint_save",
+            "wasted_progress",
+            "stalled",
+            "downtime",
+            "other",
+        ),
+        0.0,
+    )
+    cats["productive"] = goodput * 100
+    cats["other"] = 100 - cats["productive"]
+    return {
+        "job": "x",
+        "elapsed_s": 100.0,
+        "categories": cats,
+        "gpu_seconds": cats,
+        "goodput": goodput,
+        "gpu_goodput": gpu_goodput,
+        "slowdown_s": 0.0,
+        "as_of": None,
+    }
+
+
+def make_job(cluster, key, *, snapshot=True, status=TrainingJob.Status.RUNNING, launch=False):
+    job = TrainingJob.objects.create(
+        key=key,
+        cluster=cluster,
+        status=status,
+        first_event_ts=T0,
+        last_event_ts=T0 + 7200,
+        last_step=700,
+        last_step_ts=T0 + 7200,
+    )
+    if snapshot:
+        LedgerSnapshot.objects.create(job=job, revision=0, figures=figures(0.83, 0.81))
+    if launch:  # a launch with its first step, and a checkpoint in the last hour
+        Attempt.objects.create(job=job, number=1, world_size=8, started_at=dt(T0))
+        StepRecord.objects.create(job=job, attempt=1, step=1, ts=T0 + 60)
+        Checkpoint.objects.create(
+            job=job,
+            attempt=1,
+            step=600,
+            save_started_at=dt(T0 + 6000),
+            saved_at=dt(T0 + 6040),
+            blocking_s=36.0,
+        )
+    return job
+
+
+def make_incident(job, *, fault_at=None, lost_s=0.0, state=Incident.State.OPEN, nodes=()):
+    incident = Incident.objects.create(
+        job=job,
+        cluster=job.cluster,
+        detector="test",
+        episode=str(next(_episode)),
+        cause="gpu",
+        fault_type="gpu_xid",
+        severity="major",
+        state=state,
+        summary="Xid 79 on a node",
+        fault_at=fault_at or timezone.now(),
+        detected_at=fault_at or timezone.now(),
+        lost_gpu_seconds=lost_s,
+    )
+    incident.nodes.set(nodes)
+    return incident
+
+
+def seed(n_clusters, nodes_per_cluster, n_jobs, n_incidents, n_actions, prefix="c"):
+    """Clusters `{prefix}0..` of nodes in every state in turn, running jobs with cached
+    ledgers, open incidents on two nodes each, actions waiting for approval."""
+    states = [s.value for s in Node.State]
+    clusters = [Cluster.objects.create(name=f"{prefix}{i}") for i in range(n_clusters)]
+    all_nodes = []
+    for c in clusters:
+        all_nodes += Node.objects.bulk_create(
+            Node(cluster=c, name=f"n{i:04d}", state=states[i % len(states)], gpus=8)
+            for i in range(nodes_per_cluster)
+        )
+    jobs = [
+        make_job(clusters[i % n_clusters], f"{prefix}-job-{i}", launch=True) for i in range(n_jobs)
+    ]
+    for i in range(n_incidents):
+        make_incident(jobs[i % n_jobs], nodes=all_nodes[i : i + 2], lost_s=3600.0)
+    for i in range(n_actions):
+        Action.objects.create(
+            kind=Action.Kind.CORDON_NODE,
+            state=Action.State.AWAITING_APPROVAL,
+            cluster=all_nodes[i].cluster,
+            node=all_nodes[i],
+            requested_by="someone",
+            reason="test",
+        )
+    return clusters, all_nodes, jobs
+
+
+# --- who may see it ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("persona", ["viewer", "operator", "admin"])
+def test_roles_see_the_overview(client, personas, persona):
+    seed(1, 8, 1, 1, 1)
+    client.force_login(personas[persona].user)
+    r = client.get("/")
+    assert r.status_code == 200
+    html = r.content.decode()
+    assert 'data-live-nodes="all"' in html  # status.json then returns every node's state
+    assert html.count("data-live-node=") == 7  # 8 nodes, the retired one not drawn
+    assert "GPU-hours lost today" in html and "Waiting for approval" in html
+    # The seeded job stepped all hour but for a 36 s save: 99%, exact (no "≥").
+    assert '<td class="num">99%</td>' in html and '<td class="num">≥' not in html
+
+
+def test_outsiders_are_refused_and_strangers_sent_to_sign_in(client, personas):
+    assert client.get("/").status_code == 302
+    assert "/login/" in client.get("/")["Location"]
+    client.force_login(personas["outsider"].user)
+    assert client.get("/").status_code == 403
+
+
+# --- the node grid -------------------------------------------------------------------
+
+
+def test_the_grid_colours_names_and_links_every_node(client, personas):
+    c = Cluster.objects.get_or_create(name="east")[0]
+    a = Node.objects.create(cluster=c, name="a01", state=Node.State.ACTIVE)
+    b = Node.objects.create(cluster=c, name="b02", state=Node.State.IN_REPAIR)
+    Node.objects.create(cluster=c, name="r03", state=Node.State.RETIRED)
+    other = Cluster.objects.get_or_create(name="west")[0]
+    w = Node.objects.create(cluster=other, name="w01", state=Node.State.CORDONED)
+    client.force_login(personas["viewer"].user)
+    html = client.get("/").content.decode()
+    for node, label in ((a, "active"), (b, "in repair"), (w, "cordoned")):
+        cell = re.search(rf'<a class="ns ncell"[^>]*data-live-node="{node.pk}"[^>]*>', html)
+        assert cell, node
+        cell = cell.group(0)
+        assert f'href="/nodes/{node.cluster.name}/{node.name}/"' in cell
+        assert f'data-state="{node.state}"' in cell
+        assert f'data-name="{node.name}"' in cell
+        assert f'title="{node.name}: {label}"' in cell
+    assert 'data-name="r03"' not in html  # retired: counted, not drawn
+    east = html[html.index(">east</a>") : html.index(">west</a>")]
+    assert re.search(r'data-state="retired"></span>&nbsp;1', east)
+    assert re.search(r'data-state="in_repair"></span>&nbsp;1', east)
+    # The legend names every state with its letter, the second cue besides colour.
+    for label in ("suspect (S)", "cordoned (C)", "draining (D)", "in repair (R)", "spare (+)"):
+        assert label in html
+
+
+def test_the_state_colours_and_letters_are_those_of_the_charts():
+    """The CSS is static; it must keep the colours console.charts names, and each state
+    other than active must carry a distinct letter."""
+    css = (Path(settings.BASE_DIR) / "static" / "css" / "nodes.css").read_text()
+    for state, colour in NODE_STATE_COLOURS.items():
+        assert f'.ns[data-state="{state}"] {{ background: {colour}; }}' in css
+    letters = re.findall(r'\.ncell\[data-state="(\w+)"\]::after[^{]*\{ content: "([^"]+)"', css)
+    assert {s for s, _ in letters} == set(NODE_STATE_COLOURS) - {"active"}
+    assert len({letter for _, letter in letters}) == len(letters)
+
+
+def test_status_json_returns_every_node_state(client, personas):
+    _, nodes, _ = seed(2, 5, 1, 0, 0)
+    client.force_login(personas["viewer"].user)
+    body = client.get("/status.json", {"nodes": "all"}).json()
+    assert body["nodes"] == {str(n.pk): n.state for n in nodes}
+    body = client.get("/status.json", {"nodes": "c1"}).json()
+    assert body["nodes"] == {str(n.pk): n.state for n in nodes if n.cluster.name == "c1"}
+
+
+# --- jobs, incidents, approvals, lost GPU-hours --------------------------------------
+
+
+def test_running_jobs_show_cumulative_and_last_hour_goodput(client, personas):
+    c = Cluster.objects.get_or_create(name="east")[0]
+    running = make_job(c, "llm-a")
+    make_job(c, "llm-b", snapshot=False)
+    make_job(c, "done", status=TrainingJob.Status.COMPLETED)
+    client.force_login(personas["viewer"].user)
+    html = client.get("/").content.decode()
+    assert "showing 2 of 2" in html and ">done<" not in html
+    row = re.search(r"<tr>\s*<td><a href=\"/jobs/llm-a/\">.*?</tr>", html, re.S).group(0)
+    assert ">83%<" in row and ">81%<" in row  # the cached ledger
+    # No launch rows: the last hour is unknown-to-zero, said to be a lower bound.
+    assert "≥ 0%" in row
+    row_b = re.search(r"<tr>\s*<td><a href=\"/jobs/llm-b/\">.*?</tr>", html, re.S).group(0)
+    assert "not computed yet" in row_b  # no snapshot: the page does not compute it
+    assert LedgerSnapshot.objects.filter(job__key="llm-b").count() == 0
+    assert running.ledger.figures["goodput"] == 0.83
+
+
+def test_open_incidents_newest_first_and_approvals(client, personas):
+    c = Cluster.objects.get_or_create(name="east")[0]
+    job = make_job(c, "llm")
+    node = Node.objects.create(cluster=c, name="n01")
+    now = timezone.now()
+    old = make_incident(job, fault_at=now - timedelta(hours=2))
+    new = make_incident(job, fault_at=now - timedelta(minutes=5), state=Incident.State.MITIGATING)
+    closed = make_incident(job, fault_at=now, state=Incident.State.RESOLVED)
+    waiting = Action.objects.create(
+        kind=Action.Kind.CORDON_NODE,
+        state=Action.State.AWAITING_APPROVAL,
+        cluster=c,
+        node=node,
+        requested_by="policy:xid",
+        blocked_by="storm",
+        reason="x",
+    )
+    client.force_login(personas["viewer"].user)
+    html = client.get("/").content.decode()
+    assert html.index(f'/incidents/{new.pk}/"') < html.index(f'/incidents/{old.pk}/"')
+    assert f'/incidents/{closed.pk}/"' not in html
+    assert "showing 2 of 2, newest first" in html
+    assert f"#{waiting.pk} Cordon Node" in html and "guardrail: storm" in html
+    assert 'href="/approvals/"' in html
+
+
+def test_gpu_hours_lost_sums_the_incidents_of_today_and_the_last_7_days(client, personas):
+    c = Cluster.objects.get_or_create(name="east")[0]
+    job = make_job(c, "llm")
+    now = timezone.now()
+    make_incident(job, fault_at=now, lost_s=2 * 3600)  # today
+    make_incident(job, fault_at=now - timedelta(days=3), lost_s=5 * 3600)  # this week
+    make_incident(job, fault_at=now - timedelta(days=10), lost_s=100 * 3600)  # older
+    client.force_login(personas["viewer"].user)
+    html = client.get("/").content.decode()
+    assert re.search(r"GPU-hours lost today</span><b>2\.0</b>", html)
+    assert re.search(r"GPU-hours lost, last 7 days</span><b>7\.0</b>", html)
+
+
+def test_lost_gpu_hours_boundaries():
+    c = Cluster.objects.get_or_create(name="east")[0]
+    job = make_job(c, "llm")
+    now = datetime(2026, 3, 10, 6, 0, tzinfo=UTC)
+    midnight = datetime(2026, 3, 10, tzinfo=UTC)
+    make_incident(job, fault_at=midnight, lost_s=3600)  # today, at 00:00 UTC
+    make_incident(job, fault_at=midnight - timedelta(seconds=1), lost_s=7200)  # yesterday
+    make_incident(job, fault_at=now - timedelta(days=7), lost_s=10800)  # 7 days ago, sharp
+    make_incident(job, fault_at=now - timedelta(days=7, seconds=1), lost_s=99 * 3600)
+    make_incident(job, fault_at=now + timedelta(seconds=1), lost_s=99 * 3600)  # after now
+    lost = lost_gpu_hours_recent(now=now)
+    assert lost["today"] == pytest.approx(1.0)
+    assert lost["week"] == pytest.approx(1.0 + 2.0 + 3.0)
+    assert lost["today_since"] == midnight
+
+
+# --- the last hour's goodput against the ledger --------------------------------------
+
+
+def launch(job, attempt, start, *, until, step0=1, restore=False, saves=(), end=None):
+    """Events of one launch: started at `start`, ready 20 s later, (restored 30 s
+    later), a step every 10 s until `until`, saves of `step: blocking_s` (the save
+    starts right after the step), ended at `end` (a crash) when given."""
+    ev = []
+
+    def add(kind, ts, **data):
+        ev.append(
+            {
+                "id": f"{job}-{attempt}-{len(ev)}",
+                "job": job,
+                "kind": kind,
+                "ts": ts,
+                "attempt": attempt,
+                "data": data,
+            }
+        )
+
+    add("attempt_started", start, world_size=8, gpus_per_node=8, nodes=["n01"])
+    add("ready", start + 20)
+    t = start + 20
+    if restore:
+        add("checkpoint_load_started", t, step=step0 - 1)
+        t += 30
+        add("checkpoint_loaded", t, step=step0 - 1)
+    step = step0
+    while t + 10 <= until:
+        t += 10
+        add("step", t, step=step)
+        if step in saves:
+            add("checkpoint_save_started", t, step=step)
+            add("checkpoint_saved", t + saves[step] + 1, step=step, blocking_s=saves[step])
+            t += saves[step]
+        step += 1
+    if end is not None:
+        add("fault", end - 1, type="crash")
+        add("attempt_ended", end, reason="failed")
+    return ev
+
+
+def test_the_last_hour_is_the_ledgers_when_the_launch_covers_it(ingest):
+    # A crash at T0+1000, a second launch from T0+1100 stepping for over an hour, with
+    # saves (3 s and 7 s blocking) inside the last hour and one before it.
+    events = launch("steady", 1, T0, until=T0 + 900, end=T0 + 1000)
+    events += launch(
+        "steady",
+        2,
+        T0 + 1100,
+        until=T0 + 9000,
+        step0=50,
+        restore=True,
+        saves={200: 5.0, 700: 3.0, 800: 7.0},
+    )
+    # A job whose second launch began 20 minutes before its last event.
+    events += launch("fresh", 1, T0, until=T0 + 4000, saves={100: 4.0}, end=T0 + 4100)
+    events += launch("fresh", 2, T0 + 4200, until=T0 + 5400, step0=101, restore=True)
+    # A job that hangs: its launch's last step came before the window.
+    events += launch("hung", 1, T0, until=T0 + 500)
+    events.append(
+        {"id": "hb", "job": "hung", "kind": "heartbeat", "ts": T0 + 5000, "node": "n01", "data": {}}
+    )
+    for i in range(0, len(events), 4000):
+        assert ingest(events[i : i + 4000]).status_code in (200, 202)
+    jobs = {j.key: j for j in TrainingJob.objects.all()}
+    recent = jobs_recent_goodput(jobs=list(jobs.values()))
+
+    steady = jobs["steady"]
+    exact = job_ledger(steady, start=steady.last_event_ts - 3600)
+    assert recent[steady.pk]["lower_bound"] is False
+    assert recent[steady.pk]["goodput"] == pytest.approx(exact.goodput, rel=1e-9)
+    assert 0.9 < exact.goodput < 1.0  # the saves' blocking is taken out
+
+    fresh = jobs["fresh"]
+    exact = job_ledger(fresh, start=fresh.last_event_ts - 3600)
+    assert recent[fresh.pk]["lower_bound"] is True
+    assert recent[fresh.pk]["goodput"] <= exact.goodput + 1e-9
+    assert recent[fresh.pk]["goodput"] > 0.2
+
+    hung = jobs["hung"]
+    exact = job_ledger(hung, start=hung.last_event_ts - 3600)
+    assert recent[hung.pk] == {
+        "goodput": pytest.approx(exact.goodput),
+        "lower_bound": False,
+        "start": hung.last_event_ts - 3600,
+        "end": hung.last_event_ts,
+    }
+    assert exact.goodput == 0.0
+
+
+# --- cost ----------------------------------------------------------------------------
+
+
+def _queries(client) -> int:
+    with CaptureQueriesContext(connection) as ctx:
+        assert client.get("/").status_code == 200
+    return len(ctx.captured_queries)
+
+
+def test_the_query_count_does_not_grow_with_nodes_jobs_incidents(
+    client, personas, django_assert_max_num_queries
+):
+    client.force_login(personas["viewer"].user)
+    seed(1, 5, 2, 2, 2)
+    few = _queries(client)
+    seed(3, 300, 40, 60, 20, prefix="big")
+    many = _queries(client)
+    assert many == few
+    with django_assert_max_num_queries(17):
+        assert client.get("/").status_code == 200

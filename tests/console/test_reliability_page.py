@@ -1,0 +1,303 @@
+"""The reliability report: its figures are incidents.selectors.reliability's, its charts
+draw them, and goodput by week adds up to the jobs' ledgers."""
+
+import json
+import re
+from datetime import UTC, datetime, timedelta
+from itertools import count
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from console.pages.incidents import duration
+from incidents import selectors, services
+from incidents.models import Incident
+from jobs.accounting import job_ledger
+from jobs.models import Attempt, Cluster, LedgerSnapshot, Node, TrainingJob
+from jobs.selectors import job_goodput
+
+pytestmark = pytest.mark.django_db
+
+# The sample's faults fall on 2026-09-21 (a Monday), between 14:16 and 14:24 UTC.
+SAMPLE_DAY = {"since": "2026-09-21", "until": "2026-09-21"}
+DAY_START, DAY_END = datetime(2026, 9, 21, tzinfo=UTC), datetime(2026, 9, 22, tzinfo=UTC)
+_episode = count(1)
+
+
+@pytest.fixture
+def sample_job(ingest, sample):
+    """The worked example ingested, its incidents detected and its ledger cached."""
+    events, _ = sample
+    assert ingest(events).status_code == 202
+    job = TrainingJob.objects.get(key="sample-small")
+    services.incidents_detect(job=job)
+    services.incidents_update_figures(job=job)
+    job.refresh_from_db()
+    job_goodput(job=job)
+    return job
+
+
+def chart(html: str, div_id: str) -> dict:
+    m = re.search(
+        rf'<script type="application/json" id="{div_id}-data" data-chart="{div_id}">(.*?)</script>',
+        html,
+        re.S,
+    )
+    assert m, f"no chart {div_id}"
+    return json.loads(m.group(1))
+
+
+def make_incident(job, *, fault_at, nodes=(), **fields):
+    incident = Incident.objects.create(
+        job=job,
+        cluster=job.cluster,
+        detector="launch_fault",
+        episode=f"e{next(_episode)}",
+        attempt=fields.pop("attempt", 1),
+        cause=fields.pop("cause", "software"),
+        fault_type="crash",
+        severity="major",
+        summary="crash",
+        fault_at=fault_at,
+        detected_at=fault_at,
+        **fields,
+    )
+    incident.nodes.set(nodes)
+    return incident
+
+
+# --- who may see it --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("persona", ["viewer", "operator", "admin"])
+def test_roles_see_the_report(client, personas, sample_job, persona):
+    client.force_login(personas[persona].user)
+    r = client.get("/reliability/", SAMPLE_DAY)
+    assert r.status_code == 200
+    html = r.content.decode()
+    assert "Reliability report" in html and '<form method="post"' not in html.split("</header>")[1]
+    for div in ("failures-chart", "lost-chart", "goodput-chart"):
+        assert f'id="{div}"' in html and chart(html, div)["layout"]["title"]["text"]
+    assert "vendor/plotly.min.js" in html
+    assert "http://" not in html.replace("http://www.w3.org", "") and "https://" not in html
+
+
+def test_outsiders_and_strangers_see_nothing(client, personas):
+    r = client.get("/reliability/")
+    assert r.status_code == 302 and "/login/" in r["Location"]
+    client.force_login(personas["outsider"].user)
+    assert client.get("/reliability/").status_code == 403
+
+
+# --- the figures ----------------------------------------------------------------------
+
+
+def test_the_figures_are_the_selectors(client, personas, sample_job):
+    client.force_login(personas["viewer"].user)
+    r = client.get("/reliability/", {**SAMPLE_DAY, "cluster": "east"})
+    expected = selectors.reliability(cluster="east", start=DAY_START, end=DAY_END)
+    assert r.context["report"] == expected
+    assert expected["failures"] == 3  # the sample's: the test means something
+    html = r.content.decode()
+    assert "<b>3</b>" in html and duration(expected["mtbf_s"]) in html
+    for key in ("time_to_resume", "time_to_recover"):
+        for stat in ("mean_s", "p50_s", "p90_s"):
+            assert duration(expected[key][stat]) in html
+    causes = list(expected["by_cause"])
+    failures = chart(html, "failures-chart")["data"][0]
+    assert failures["x"] == [c.replace("_", " ") for c in causes]
+    assert failures["y"] == [expected["by_cause"][c]["count"] for c in causes] == [2, 1]
+    lost = chart(html, "lost-chart")["data"][0]
+    assert lost["y"] == pytest.approx([expected["by_cause"][c]["lost_gpu_hours"] for c in causes])
+    fig = chart(html, "lost-chart")["layout"]
+    assert fig["yaxis"]["title"]["text"] == "GPU-hours" and fig["showlegend"]
+    # The shares in the table, as the selector has them.
+    assert "67%" in html and "33%" in html
+    # The same figures as the REST endpoint gives.
+    api = (
+        personas["viewer"]
+        .client()
+        .get(
+            "/api/v1/reliability",
+            {"cluster": "east", "start": "2026-09-21T00:00:00Z", "end": "2026-09-22T00:00:00Z"},
+        )
+    )
+    assert api.json()["failures"] == 3
+    assert api.json()["mtbf_s"] == pytest.approx(expected["mtbf_s"])
+
+
+def test_the_cluster_narrows_the_report(client, personas, sample_job):
+    west = Cluster.objects.get_or_create(name="west")[0]
+    vit = TrainingJob.objects.create(key="vit", cluster=west)
+    make_incident(vit, fault_at=DAY_START + timedelta(hours=3), cause="memory")
+    client.force_login(personas["viewer"].user)
+    everywhere = client.get("/reliability/", SAMPLE_DAY).context["report"]
+    east = client.get("/reliability/", {**SAMPLE_DAY, "cluster": "east"}).context["report"]
+    west_ = client.get("/reliability/", {**SAMPLE_DAY, "cluster": "west"}).context["report"]
+    assert (everywhere["failures"], east["failures"], west_["failures"]) == (4, 3, 1)
+    assert set(west_["by_cause"]) == {"memory"} and "memory" not in east["by_cause"]
+    assert everywhere == selectors.reliability(cluster=None, start=DAY_START, end=DAY_END)
+
+
+def test_the_period_presets_and_dates(client, personas):
+    client.force_login(personas["viewer"].user)
+    for params, days in (({}, 30), ({"range": "7d"}, 7), ({"range": "90d"}, 90)):
+        report = client.get("/reliability/", params).context["report"]
+        assert report["end"] - report["start"] == timedelta(days=days)
+        assert abs((report["end"] - timezone.now()).total_seconds()) < 60
+    report = client.get("/reliability/", {"since": "2026-01-05", "until": "2026-01-11"}).context[
+        "report"
+    ]
+    assert (report["start"], report["end"]) == (
+        datetime(2026, 1, 5, tzinfo=UTC),
+        datetime(2026, 1, 12, tzinfo=UTC),
+    )
+    r = client.get("/reliability/", {"since": "2026-02-01", "until": "2026-01-01"})
+    assert "The end comes before the start." in r.content.decode()
+    report = r.context["report"]  # the valid field still chooses
+    assert report["start"] == datetime(2026, 2, 1, tzinfo=UTC)
+    assert abs((report["end"] - timezone.now()).total_seconds()) < 60
+
+
+def test_repeat_offenders_link_to_their_nodes(client, personas, sample_job):
+    node = Node.objects.get(cluster__name="east", name="gpu-node-001")
+    for incident in Incident.objects.filter(job=sample_job):
+        incident.nodes.set([node])
+    client.force_login(personas["viewer"].user)
+    r = client.get("/reliability/", SAMPLE_DAY)
+    assert r.context["report"]["repeat_offenders"] == [{"node": "gpu-node-001", "incidents": 3}]
+    assert 'href="/nodes/east/gpu-node-001/"' in r.content.decode()
+
+
+# --- goodput by week --------------------------------------------------------------------
+
+
+def test_a_week_that_holds_the_whole_job_has_its_ledger_goodput(client, personas, sample_job):
+    week = datetime(2026, 9, 21, tzinfo=UTC), datetime(2026, 9, 28, tzinfo=UTC)
+    out = selectors.goodput_by_week(cluster="east", start=week[0], end=week[1])
+    [row] = out["weeks"]
+    exact = job_ledger(sample_job, start=week[0].timestamp(), end=week[1].timestamp())
+    assert row["week"] == "2026-W39" and row["jobs"] == 1
+    assert row["goodput"] == pytest.approx(exact.gpu_goodput, rel=1e-9)
+    assert row["gpu_hours"] * 3600 == pytest.approx(sum(exact.gpu_seconds.values()), rel=1e-9)
+    assert out["jobs_without_ledger"] == 0
+    client.force_login(personas["viewer"].user)
+    html = client.get("/reliability/", SAMPLE_DAY).content.decode()
+    bars = chart(html, "goodput-chart")
+    assert bars["data"][0]["x"] == ["2026-W39"]
+    assert bars["data"][0]["y"] == [round(100 * exact.gpu_goodput, 2)]
+    assert bars["layout"]["yaxis"]["title"]["text"] == "goodput (%)"
+
+
+W1 = datetime(2026, 3, 2, tzinfo=UTC)  # a Monday: ISO week 2026-W10
+DAY = timedelta(days=1)
+GPUS = 8
+
+
+def two_week_job(cluster, key="llm", other_share=0.1, with_ledger=True):
+    """Two weeks on 8 GPUs: launch 1 from W1 Monday, a crash on W2 Monday noon
+    (12 h of wasted progress, 12 h down), launch 2 from W2 Tuesday to the end of W2."""
+    job = TrainingJob.objects.create(
+        key=key,
+        cluster=cluster,
+        first_event_ts=W1.timestamp(),
+        last_event_ts=(W1 + 14 * DAY).timestamp(),
+    )
+    Attempt.objects.create(job=job, number=1, world_size=GPUS, started_at=W1)
+    Attempt.objects.create(job=job, number=2, world_size=GPUS, started_at=W1 + 8 * DAY)
+    lost = {
+        "wasted_progress": 12 * 3600.0 * GPUS,
+        "downtime": 12 * 3600.0 * GPUS,
+        "slowdown": 999.0,  # not badput: left out
+    }
+    make_incident(
+        job,
+        fault_at=W1 + 7 * DAY + DAY / 2,
+        resumed_at=W1 + 8 * DAY,
+        lost_gpu_seconds=sum(lost.values()),
+        lost_breakdown=lost,
+    )
+    total = 14 * 86400.0 * GPUS
+    other = other_share * total
+    productive = total - other - 24 * 3600.0 * GPUS
+    if with_ledger:
+        LedgerSnapshot.objects.create(
+            job=job,
+            revision=1,
+            figures={
+                "gpu_seconds": {
+                    "productive": productive,
+                    "checkpoint_save": other,
+                    "wasted_progress": lost["wasted_progress"],
+                    "downtime": lost["downtime"],
+                },
+            },
+        )
+    return job, productive
+
+
+def test_goodput_by_week_places_incident_losses_in_their_week(db):
+    east = Cluster.objects.get_or_create(name="east")[0]
+    _, productive = two_week_job(east)
+    two_week_job(east, key="no-ledger-yet", with_ledger=False)
+    out = selectors.goodput_by_week(cluster="east", start=W1, end=W1 + 14 * DAY)
+    w1, w2 = out["weeks"]
+    assert (w1["week"], w2["week"]) == ("2026-W10", "2026-W11")
+    assert w1["gpu_hours"] == pytest.approx(7 * 24 * GPUS)
+    assert w1["goodput"] == pytest.approx(0.9)  # only the other badput, at the job's rate
+    assert w2["goodput"] == pytest.approx(0.9 - 1 / 7)  # and a day of 8 GPUs lost
+    total = (w1["productive_gpu_hours"] + w2["productive_gpu_hours"]) * 3600
+    assert total == pytest.approx(productive)  # the ledger's productive, split
+    assert (out["jobs"], out["jobs_without_ledger"]) == (1, 1)
+
+
+def test_goodput_by_week_clips_weeks_to_the_period(db):
+    east = Cluster.objects.get_or_create(name="east")[0]
+    two_week_job(east)
+    start, end = W1 + 3 * DAY, W1 + 7 * DAY + DAY / 2  # Thursday of W1 to W2 Monday noon
+    out = selectors.goodput_by_week(cluster="east", start=start, end=end)
+    w1, w2 = out["weeks"]
+    assert (w1["start"], w1["end"]) == (start, W1 + 7 * DAY)
+    assert (w2["start"], w2["end"]) == (W1 + 7 * DAY, end)
+    assert w1["gpu_hours"] == pytest.approx(4 * 24 * GPUS)
+    assert w2["gpu_hours"] == pytest.approx(12 * GPUS)
+    assert w1["goodput"] == pytest.approx(0.9)
+    # W2's half day is the wasted progress before the crash (the loss runs from Monday
+    # 00:00 to the resume on Tuesday): nothing of it was kept.
+    assert w2["goodput"] == 0.0
+    assert selectors.goodput_by_week(cluster="west", start=start, end=end)["jobs"] == 0
+
+
+# --- cost --------------------------------------------------------------------------------
+
+
+def count_queries(client, url) -> int:
+    with CaptureQueriesContext(connection) as ctx:
+        assert client.get(url).status_code == 200
+    return len(ctx.captured_queries)
+
+
+def test_report_queries_do_not_grow_with_incidents_or_jobs(
+    client, personas, django_assert_max_num_queries
+):
+    east = Cluster.objects.get_or_create(name="east")[0]
+    node = Node.objects.create(cluster=east, name="n01")
+    url = "/reliability/?since=2026-03-02&until=2026-03-15"
+    client.force_login(personas["viewer"].user)
+
+    def grow(n):
+        for k in range(n):
+            job, _ = two_week_job(east, key=f"job-{Incident.objects.count()}-{k}")
+            make_incident(job, fault_at=W1 + DAY, attempt=1, nodes=[node])
+
+    grow(3)  # a repeat offender from the start: the node links' query runs in both
+    few = count_queries(client, url)
+    assert few <= 13
+    grow(60)
+    with django_assert_max_num_queries(few):
+        r = client.get(url)
+    report = r.context["report"]
+    assert report["failures"] == 126 and report["repeat_offenders"][0]["incidents"] == 63
+    assert r.context["goodput"]["jobs"] == 63
