@@ -8,8 +8,13 @@ draws every element carrying `data-chart`.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
 
 MAX_POINTS = 2000  # per series, sent to the browser
 
@@ -82,7 +87,7 @@ def downsample(xs: Sequence, ys: Sequence, max_points: int = MAX_POINTS) -> tupl
 def layout(title: str, x_title: str, y_title: str, **extra) -> dict:
     """Every chart has a title, axis titles with units, and a legend."""
     base = {
-        "title": {"text": title},
+        "title": {"text": title, "x": 0.01, "xanchor": "left"},  # clear of the tool bar
         "xaxis": {"title": {"text": x_title}},
         "yaxis": {"title": {"text": y_title}},
         "showlegend": True,
@@ -114,3 +119,20 @@ def line(xs, ys, name: str, colour: str, *, max_points: int = MAX_POINTS, **extr
         "line": {"color": colour, "width": 1.5},
         **extra,
     }
+
+
+# What json_script escapes, so that no string in a figure can close the script element.
+_JSON_ESCAPES = {ord("<"): "\\u003C", ord(">"): "\\u003E", ord("&"): "\\u0026"}
+
+
+def chart_script(fig: dict, div_id: str) -> SafeString:
+    """The figure as static/js/console.js draws it: a JSON script naming its div
+    (json_script cannot add the data-chart attribute). NaN is refused: the browser's
+    JSON.parse would refuse it too."""
+    data = json.dumps(fig, cls=DjangoJSONEncoder, allow_nan=False, separators=(",", ":"))
+    return format_html(
+        '<script type="application/json" id="{}-data" data-chart="{}">{}</script>',
+        div_id,
+        div_id,
+        mark_safe(data.translate(_JSON_ESCAPES)),  # escaped above, as json_script does
+    )

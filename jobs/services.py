@@ -38,6 +38,7 @@ from jobs.models import (
     StepRecord,
     TrainingJob,
 )
+from jobs.selectors import job_step_buckets
 from jobs.signals import events_stored, ledger_refreshed
 from jobs.wire import WireEvent, as_float
 
@@ -239,6 +240,9 @@ def ledger_snapshot_refresh(*, job: TrainingJob) -> bool:
     ):
         if isinstance(result, Exception):
             logger.error("ledger_refreshed receiver %r failed: %r", receiver, result)
+    # The job page's step series: brought up to date here, off the request path, so
+    # no one waits for a large job's first read (it reads only rows new since).
+    job_step_buckets(job=job)
     return True
 
 

@@ -4,22 +4,18 @@ operators write its root cause and postmortem and resolve it."""
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime, time, timedelta
 from urllib.parse import quote
 
 from django import forms
 from django.core.paginator import Paginator
-from django.core.serializers.json import DjangoJSONEncoder
 from django.http import Http404
 from django.shortcuts import get_object_or_404, render
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
 from django.utils.http import RFC3986_SUBDELIMS
-from django.utils.safestring import SafeString, mark_safe
 
-from console.charts import CATEGORY_COLOURS, OKABE_ITO, figure
+from console.charts import CATEGORY_COLOURS, OKABE_ITO, chart_script, figure
 from console.pages.common import answer, can_operate, operator_post, viewer_page
 from incidents import selectors, services
 from incidents.models import Incident, TimelineEntry
@@ -42,22 +38,6 @@ KIND_COLOURS = {
 }
 LOST_COLOURS = {**CATEGORY_COLOURS, "slowdown": OKABE_ITO["yellow"]}
 HOVER_CHARS = 300
-
-
-# What json_script escapes, so that no string in a figure can close the script element.
-_JSON_ESCAPES = {ord("<"): "\\u003C", ord(">"): "\\u003E", ord("&"): "\\u0026"}
-
-
-def chart_script(fig: dict, div_id: str) -> SafeString:
-    """The figure as static/js/console.js draws it: a JSON script naming its div
-    (json_script cannot add the data-chart attribute)."""
-    data = json.dumps(fig, cls=DjangoJSONEncoder).translate(_JSON_ESCAPES)
-    return format_html(
-        '<script type="application/json" id="{}-data" data-chart="{}">{}</script>',
-        div_id,
-        div_id,
-        mark_safe(data),  # escaped above, as json_script does
-    )
 
 
 def duration(seconds: float | None) -> str:

@@ -12,9 +12,9 @@ from django.shortcuts import render
 from django.urls import path
 from django.utils import timezone
 
-from console.charts import OKABE_ITO, figure
+from console.charts import OKABE_ITO, chart_script, figure
 from console.pages.common import viewer_page
-from console.pages.incidents import chart_script, duration
+from console.pages.incidents import duration
 from incidents import selectors
 from jobs.models import Cluster
 
