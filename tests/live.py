@@ -48,6 +48,27 @@ def live_cluster(tmp_path, live_server, quick_passes):
     cluster = make_cluster(tmp_path, live_server.url)
     yield cluster
     cluster.shutdown()
+    database_quiet()
+
+
+def database_quiet(timeout_s: float = 15.0) -> None:
+    """Waits until no other connection to the test database is inside a statement or
+    transaction: a request of the killed ranks still being served would otherwise
+    deadlock with the test's flush (TRUNCATE) of the tables."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid() AND state NOT IN ('idle')"
+            )
+            if cur.fetchone()[0] == 0:
+                return
+        time.sleep(0.1)
 
 
 def until(condition, what: str, timeout_s: float = 60.0, cluster=None, job=None):
