@@ -46,7 +46,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
@@ -1358,9 +1358,7 @@ def pages(p: Plan, reliability_query: str) -> list[tuple[str, str]]:
         .first()
     )
     small = next(j for j in p.jobs if j.status == "running" and j.key != BIG_KEY)
-    query = reliability_query or "days=90&start=" + (
-        datetime.now(UTC) - timedelta(days=90)
-    ).strftime("%Y-%m-%dT%H:%M:%SZ")
+    query = reliability_query or "range=90d"
     return [
         ("overview", "/"),
         ("jobs", "/jobs/"),
@@ -1470,7 +1468,7 @@ def main() -> int:
     ap.add_argument(
         "--reliability-query",
         default="",
-        help="the 90-day reliability page's query (default: days=90&start=<90 days ago>)",
+        help="the 90-day reliability page's query (default: range=90d)",
     )
     ap.add_argument(
         "--database-url", default=os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
