@@ -62,14 +62,11 @@ def _choices(values, blank: str) -> list[tuple[str, str]]:
     return [("", blank)] + [(v, v.replace("_", " ")) for v in values]
 
 
-class IncidentFilter(forms.Form):
+class ClusterPeriodForm(forms.Form):
+    """A cluster and a period in whole UTC days (From and To, To included); the
+    incidents list and the reliability report both filter by them."""
+
     cluster = forms.ChoiceField(required=False)
-    job = forms.SlugField(required=False, max_length=100)
-    cause = forms.ChoiceField(required=False, choices=_choices(Incident.Cause.values, "any cause"))
-    state = forms.ChoiceField(required=False, choices=_choices(Incident.State.values, "any state"))
-    range = forms.ChoiceField(
-        required=False, choices=[("", "any time"), *PRESET_LABELS.items()], label="Period"
-    )
     since = forms.DateField(required=False, label="From", widget=forms.DateInput({"type": "date"}))
     until = forms.DateField(required=False, label="To", widget=forms.DateInput({"type": "date"}))
 
@@ -83,6 +80,16 @@ class IncidentFilter(forms.Form):
         if since and until and until < since:
             self.add_error("until", "The end comes before the start.")
         return data
+
+
+class IncidentFilter(ClusterPeriodForm):
+    job = forms.SlugField(required=False, max_length=100)
+    cause = forms.ChoiceField(required=False, choices=_choices(Incident.Cause.values, "any cause"))
+    state = forms.ChoiceField(required=False, choices=_choices(Incident.State.values, "any state"))
+    range = forms.ChoiceField(
+        required=False, choices=[("", "any time"), *PRESET_LABELS.items()], label="Period"
+    )
+    field_order = ["cluster", "job", "cause", "state", "range", "since", "until"]
 
     def filters(self, now: datetime) -> dict:
         """incident_list's arguments from the valid fields (an invalid one is shown and

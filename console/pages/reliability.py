@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from console.charts import OKABE_ITO, chart_script, figure
 from console.pages.common import viewer_page
-from console.pages.incidents import duration
+from console.pages.incidents import ClusterPeriodForm, duration
 from incidents import selectors
 from jobs.models import Cluster
 
@@ -28,24 +28,17 @@ FAILURES_COLOUR = OKABE_ITO["blue"]
 LOST_COLOUR = OKABE_ITO["vermillion"]
 
 
-class PeriodForm(forms.Form):
-    cluster = forms.ChoiceField(required=False)
+class PeriodForm(ClusterPeriodForm):
     range = forms.ChoiceField(
         required=False, choices=[("", "custom dates"), *PRESET_LABELS.items()], label="Period"
     )
-    since = forms.DateField(required=False, label="From", widget=forms.DateInput({"type": "date"}))
-    until = forms.DateField(required=False, label="To", widget=forms.DateInput({"type": "date"}))
-
-    def __init__(self, *args, clusters: list[str], **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fields["cluster"].choices = [("", "all clusters")] + [(c, c) for c in clusters]
+    field_order = ["cluster", "range", "since", "until"]
 
     def clean(self):
         data = super().clean()
         since, until = data.get("since"), data.get("until")
-        if since and until and until < since:
-            self.add_error("until", "The end comes before the start.")
-        elif since and (until or timezone.now().date()) - since > timedelta(days=MAX_DAYS):
+        too_long = since and (until or timezone.now().date()) - since > timedelta(days=MAX_DAYS)
+        if too_long and not self.has_error("until"):
             self.add_error("since", f"At most {MAX_DAYS} days.")
         return data
 
