@@ -122,6 +122,11 @@ def _figure(data, title, x_title, y_title, *, title_size: int | None = None, **e
     return fig
 
 
+def gpu_hours(value: float) -> str:
+    """Three significant digits, thousands grouped: 0.0412, 1.63, 12,270."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def badput_figure(breakdown: list[dict]) -> dict:
     """GPU-hours by ledger category, stacked: every GPU-hour on top, and below the
     badput alone on its own scale (next to 95% productive, it would not show)."""
@@ -146,7 +151,8 @@ def badput_figure(breakdown: list[dict]) -> dict:
             data.append({**common, **below})
     return _figure(
         data,
-        f"Where the GPU-hours went: {total:,.1f} GPU-hours, {badput:,.1f} of them badput",
+        f"Where the GPU-hours went: {gpu_hours(total)} GPU-hours,"
+        f" {gpu_hours(badput)} of them badput",
         "GPU-hours",
         "ledger",
         barmode="stack",

@@ -480,3 +480,15 @@ def test_a_recent_ledger_is_shown_while_its_refresh_is_on_its_way(viewer):
     assert r.context["figures"]["elapsed_s"] > snapshot.figures["elapsed_s"] + 599  # recomputed
     current = TrainingJob.objects.get(pk=job.pk).revision
     assert LedgerSnapshot.objects.get(job=job).revision == current
+
+
+def test_gpu_hours_in_titles_keep_three_significant_digits():
+    from console.pages.jobs import gpu_hours
+
+    assert [gpu_hours(v) for v in (0.04123, 1.634, 12.27, 12270.4, 0.0)] == [
+        "0.0412",
+        "1.63",
+        "12.3",
+        "12,270",
+        "0",
+    ]
