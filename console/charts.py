@@ -84,6 +84,12 @@ def downsample(xs: Sequence, ys: Sequence, max_points: int = MAX_POINTS) -> tupl
     return [xs[i] for i in keep], [ys[i] for i in keep]
 
 
+def gpu_hours(value: float) -> str:
+    """GPU-hours for a title or a figure on a page: three significant digits, thousands
+    grouped (0.0412, 1.63, 12,270), so a small loss does not read as 0.0."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def layout(title: str, x_title: str, y_title: str, **extra) -> dict:
     """Every chart has a title, axis titles with units, and a legend."""
     base = {

@@ -22,7 +22,15 @@ from django.urls import path
 from django.utils import timezone
 
 from console import whatif
-from console.charts import CATEGORY_COLOURS, MAX_POINTS, OKABE_ITO, chart_script, figure, line
+from console.charts import (
+    CATEGORY_COLOURS,
+    MAX_POINTS,
+    OKABE_ITO,
+    chart_script,
+    figure,
+    gpu_hours,
+    line,
+)
 from console.pages.common import viewer_page
 from incidents import selectors as incident_selectors
 from jobs import selectors
@@ -120,11 +128,6 @@ def _figure(data, title, x_title, y_title, *, title_size: int | None = None, **e
     if title_size:
         fig["layout"]["title"]["font"] = {"size": title_size}
     return fig
-
-
-def gpu_hours(value: float) -> str:
-    """Three significant digits, thousands grouped: 0.0412, 1.63, 12,270."""
-    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
 def badput_figure(breakdown: list[dict]) -> dict:

@@ -111,7 +111,7 @@ def test_the_queue_shows_each_action_with_its_evidence(client, personas, waiting
     assert 'href="/jobs/llm/"' in html and "launch 1 on 2 nodes (n01, n02)" in html
     assert "<b>all 16</b> (0\N{EN DASH}15) of llm" in html  # the ranks that restart
     # 200 s since the checkpoint of step 80, x 16 GPUs.
-    assert "<b>0.89 GPU-hours</b> · 20 steps · 200 s since the checkpoint" in html
+    assert "<b>0.889 GPU-hours</b> · 20 steps · 200 s since the checkpoint" in html
     assert "back to step 80 from 100" in html
     assert "0 of 12 (0%) · storm limit 10% (1 node)" in html
     assert "2 (2 free spares, 0 promised)" in html  # the spare pool left
@@ -150,7 +150,7 @@ def test_the_requester_sees_approve_disabled_with_the_reason(client, personas, w
 
 def test_a_viewer_sees_the_queue_and_no_buttons(client, personas, waiting):
     html = page(client, personas["viewer"].user)
-    assert f'data-live-action="{waiting.pk}"' in html and "0.89 GPU-hours" in html
+    assert f'data-live-action="{waiting.pk}"' in html and "0.889 GPU-hours" in html
     assert '<form class="decision"' not in html and "Approve" not in html
     assert "Reject" not in html and "viewer role" in html
 

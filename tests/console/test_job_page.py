@@ -483,7 +483,7 @@ def test_a_recent_ledger_is_shown_while_its_refresh_is_on_its_way(viewer):
 
 
 def test_gpu_hours_in_titles_keep_three_significant_digits():
-    from console.pages.jobs import gpu_hours
+    from console.charts import gpu_hours
 
     assert [gpu_hours(v) for v in (0.04123, 1.634, 12.27, 12270.4, 0.0)] == [
         "0.0412",

@@ -263,13 +263,13 @@ def test_gpu_hours_lost_sums_the_incidents_of_today_and_the_last_7_days(client, 
     c = Cluster.objects.get_or_create(name="east")[0]
     job = make_job(c, "llm")
     now = timezone.now()
-    make_incident(job, fault_at=now, lost_s=2 * 3600)  # today
+    make_incident(job, fault_at=now, lost_s=0.05 * 3600)  # today: small, not shown as 0.0
     make_incident(job, fault_at=now - timedelta(days=3), lost_s=5 * 3600)  # this week
     make_incident(job, fault_at=now - timedelta(days=10), lost_s=100 * 3600)  # older
     client.force_login(personas["viewer"].user)
     html = client.get("/").content.decode()
-    assert re.search(r"GPU-hours lost today</span><b>2\.0</b>", html)
-    assert re.search(r"GPU-hours lost, last 7 days</span><b>7\.0</b>", html)
+    assert re.search(r"GPU-hours lost today</span><b>0\.05</b>", html)
+    assert re.search(r"GPU-hours lost, last 7 days</span><b>5\.05</b>", html)
 
 
 def test_lost_gpu_hours_boundaries():
