@@ -269,7 +269,13 @@ def test_the_incident_page_shows_times_losses_and_the_timeline(client, personas,
     add_timeline(net, 4, net.fault_at)
     client.force_login(personas["viewer"].user)
     html = client.get(f"/incidents/{net.pk}/").content.decode()
-    for text in ("Time to detect", "5.0 s", "1 h 00 min", "1 h 30 min", "Lost GPU-hours</span><b>2</b>"):
+    for text in (
+        "Time to detect",
+        "5.0 s",
+        "1 h 00 min",
+        "1 h 30 min",
+        "Lost GPU-hours</span><b>2</b>",
+    ):
         assert text in html, text
     assert 'href="/nodes/east/n02/"' in html
     # The lost GPU-hours by category, in GPU-hours.
