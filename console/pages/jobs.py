@@ -181,7 +181,14 @@ def goodput_time_figure(timeline: dict | None) -> dict:
     return _figure(
         [
             line(xs, cumulative, "cumulative", OKABE_ITO["blue"], hovertemplate=hover),
-            line(xs, sliding, f"sliding {window}", OKABE_ITO["orange"], hovertemplate=hover),
+            line(
+                xs,
+                sliding,
+                f"sliding {window}",
+                OKABE_ITO["orange"],
+                dash="dot",
+                hovertemplate=hover,
+            ),
         ],
         f"Goodput over time (share of elapsed time productive): cumulative and over {window}",
         "time (UTC)",

@@ -149,6 +149,13 @@ def test_the_job_page_draws_its_charts_with_data(tabs, accounts):
         assert chart["drawn"] and chart["title"], chart
         assert chart["points"] and max(chart["points"]) > 0, f"a chart without data: {chart}"
     tab.assert_clean()
+    # The README's picture: the goodput, progress, loss and step-time charts.
+    page.evaluate(
+        "() => { const h = Array.from(document.querySelectorAll('h2'))"
+        ".find(e => e.textContent.startsWith('Goodput over time'));"
+        " if (h) window.scrollTo(0, h.getBoundingClientRect().top + window.scrollY - 10); }"
+    )
+    page.wait_for_timeout(300)
     save_shot("job.png", tab.screenshot())
 
 
