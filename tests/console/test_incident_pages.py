@@ -4,7 +4,6 @@ notes and its resolution for operators and nothing to change for viewers."""
 import json
 import re
 from datetime import UTC, datetime, timedelta
-from itertools import count
 
 import pytest
 from django.db import connection
@@ -14,30 +13,16 @@ from django.utils import timezone
 from incidents.models import Incident, TimelineEntry
 from jobs.models import Cluster, Node, TrainingJob
 from recovery.models import Action
+from tests.console.factories import incident_row
 
 pytestmark = pytest.mark.django_db
 
-_episode = count(1)
 NOW = timezone.now()
 
 
 def make_incident(job, *, fault_at, nodes=(), **fields):
-    incident = Incident.objects.create(
-        job=job,
-        cluster=job.cluster,
-        detector="launch_fault",
-        episode=f"e{next(_episode)}",
-        attempt=fields.pop("attempt", 1),
-        cause=fields.pop("cause", "software"),
-        fault_type=fields.pop("fault_type", "crash"),
-        severity=fields.pop("severity", "major"),
-        summary=fields.pop("summary", "crash on a node"),
-        fault_at=fault_at,
-        detected_at=fields.pop("detected_at", fault_at + timedelta(seconds=5)),
-        **fields,
-    )
-    incident.nodes.set(nodes)
-    return incident
+    fields.setdefault("detected_at", fault_at + timedelta(seconds=5))
+    return incident_row(job, fault_at=fault_at, nodes=nodes, **fields)
 
 
 @pytest.fixture

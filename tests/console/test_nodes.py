@@ -13,14 +13,13 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from incidents.models import Incident
 from jobs.models import Attempt, Cluster, Node, TrainingJob
 from recovery.models import Action, ClusterRecoverySettings
+from tests.console.factories import incident_row
 
 pytestmark = pytest.mark.django_db
 
 S = Action.State
-_episode = iter(range(1, 10**6))
 
 
 @pytest.fixture
@@ -45,22 +44,11 @@ def make_job(cluster, key="llm"):
     )
 
 
+XID = {"detector": "test", "cause": "gpu", "fault_type": "gpu_xid", "summary": "Xid 79"}
+
+
 def make_incident(job, nodes, *, fault_at=None, lost_s=0.0):
-    incident = Incident.objects.create(
-        job=job,
-        cluster=job.cluster,
-        detector="test",
-        episode=str(next(_episode)),
-        cause="gpu",
-        fault_type="gpu_xid",
-        severity="major",
-        summary="Xid 79",
-        fault_at=fault_at or timezone.now(),
-        detected_at=fault_at or timezone.now(),
-        lost_gpu_seconds=lost_s,
-    )
-    incident.nodes.set(nodes)
-    return incident
+    return incident_row(job, fault_at=fault_at, nodes=nodes, lost_s=lost_s, **XID)
 
 
 def make_action(node, state=S.AWAITING_APPROVAL, kind=Action.Kind.CORDON_NODE, **fields):

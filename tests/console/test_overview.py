@@ -27,11 +27,11 @@ from jobs.models import (
 )
 from jobs.selectors import jobs_recent_goodput
 from recovery.models import Action
+from tests.console.factories import incident_row
 
 pytestmark = pytest.mark.django_db
 
 T0 = 1_790_000_000.0
-_episode = iter(range(1, 10**6))
 
 
 def dt(ts: float) -> datetime:
@@ -92,23 +92,18 @@ def make_job(cluster, key, *, snapshot=True, status=TrainingJob.Status.RUNNING, 
     return job
 
 
+XID = {"detector": "test", "cause": "gpu", "fault_type": "gpu_xid", "summary": "Xid 79 on a node"}
+
+
 def make_incident(job, *, fault_at=None, lost_s=0.0, state=Incident.State.OPEN, nodes=()):
-    incident = Incident.objects.create(
-        job=job,
-        cluster=job.cluster,
-        detector="test",
-        episode=str(next(_episode)),
-        cause="gpu",
-        fault_type="gpu_xid",
-        severity="major",
+    return incident_row(
+        job,
+        fault_at=fault_at,
+        nodes=nodes,
+        lost_s=lost_s,
         state=state,
-        summary="Xid 79 on a node",
-        fault_at=fault_at or timezone.now(),
-        detected_at=fault_at or timezone.now(),
-        lost_gpu_seconds=lost_s,
+        **XID,
     )
-    incident.nodes.set(nodes)
-    return incident
 
 
 def seed(n_clusters, nodes_per_cluster, n_jobs, n_incidents, n_actions, prefix="c"):

@@ -4,7 +4,6 @@ draw them, and goodput by week adds up to the jobs' ledgers."""
 import json
 import re
 from datetime import UTC, datetime, timedelta
-from itertools import count
 
 import pytest
 from django.db import connection
@@ -17,13 +16,13 @@ from incidents.models import Incident
 from jobs.accounting import job_ledger
 from jobs.models import Attempt, Cluster, LedgerSnapshot, Node, TrainingJob
 from jobs.selectors import job_goodput
+from tests.console.factories import incident_row
 
 pytestmark = pytest.mark.django_db
 
 # The sample's faults fall on 2026-09-21 (a Monday), between 14:16 and 14:24 UTC.
 SAMPLE_DAY = {"since": "2026-09-21", "until": "2026-09-21"}
 DAY_START, DAY_END = datetime(2026, 9, 21, tzinfo=UTC), datetime(2026, 9, 22, tzinfo=UTC)
-_episode = count(1)
 
 
 @pytest.fixture
@@ -50,22 +49,7 @@ def chart(html: str, div_id: str) -> dict:
 
 
 def make_incident(job, *, fault_at, nodes=(), **fields):
-    incident = Incident.objects.create(
-        job=job,
-        cluster=job.cluster,
-        detector="launch_fault",
-        episode=f"e{next(_episode)}",
-        attempt=fields.pop("attempt", 1),
-        cause=fields.pop("cause", "software"),
-        fault_type="crash",
-        severity="major",
-        summary="crash",
-        fault_at=fault_at,
-        detected_at=fault_at,
-        **fields,
-    )
-    incident.nodes.set(nodes)
-    return incident
+    return incident_row(job, fault_at=fault_at, nodes=nodes, summary="crash", **fields)
 
 
 # --- who may see it --------------------------------------------------------------------
