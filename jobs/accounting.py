@@ -217,7 +217,23 @@ def build_launches(
     return ordered, finished
 
 
-def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def save_blocking(
+    started: float | None, saved: float | None, blocking_s: float | None
+) -> tuple[float, float] | None:
+    """When a save blocked training, from what its events tell: its reported blocking
+    seconds from its start (or back from its end), else start to end; None when that
+    is not known (an unfinished save without its blocking seconds)."""
+    if blocking_s is not None and started is not None:
+        return started, started + blocking_s
+    if blocking_s is not None and saved is not None:
+        return saved - blocking_s, saved
+    if started is not None and saved is not None:
+        return started, saved
+    return None
+
+
+def merge_intervals(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of the intervals, as disjoint intervals in order."""
     merged: list[list[float]] = []
     for a, b in sorted(intervals):
         if merged and a <= merged[-1][1]:
@@ -289,19 +305,18 @@ def _launch_intervals(launch: Launch, stop: float, step_ts: np.ndarray, running:
     blocking = []
     for v in launch.saves.values():
         started, saved, b = v.get("started"), v.get("saved"), v.get("blocking")
-        if b is not None and started is not None:
-            blocking.append((started, started + b))
-        elif b is not None and saved is not None:
-            blocking.append((saved - b, saved))
-        elif started is not None and saved is not None:
-            blocking.append((started, saved))
+        span = save_blocking(started, saved, b)
+        if span is not None:
+            blocking.append(span)
         elif started is not None:  # never finished: blocked until steps resumed, or in flight
             later = step_ts[step_ts > started]
             if len(later):
                 blocking.append((started, float(later[0])))
             elif running:
                 blocking.append((started, stop))
-    blocking = [(max(a, s), min(b, stop)) for a, b in _merge(blocking) if min(b, stop) > max(a, s)]
+    blocking = [
+        (max(a, s), min(b, stop)) for a, b in merge_intervals(blocking) if min(b, stop) > max(a, s)
+    ]
 
     last = float(step_ts[-1]) if len(step_ts) else train_start
     tail_start = max(last, train_start)

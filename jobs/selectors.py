@@ -8,7 +8,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, F, Max, Min, OuterRef, Prefetch, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Coalesce
 
-from jobs.accounting import Ledger, job_ledger
+from jobs.accounting import Ledger, job_ledger, merge_intervals, save_blocking
 from jobs.models import (
     Attempt,
     Checkpoint,
@@ -108,13 +108,7 @@ def _has_cached_ledger(job: TrainingJob) -> bool:
 
 
 def _merged_length(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
-    total, reach = 0.0, lo
-    for a, b in sorted(intervals):
-        a, b = max(a, reach), min(b, hi)
-        if b > a:
-            total += b - a
-            reach = b
-    return total
+    return sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in merge_intervals(intervals))
 
 
 def jobs_recent_goodput(*, jobs: list[TrainingJob], window_s: float = 3600.0) -> dict[int, dict]:
@@ -158,16 +152,9 @@ def jobs_recent_goodput(*, jobs: list[TrainingJob], window_s: float = 3600.0) ->
             saved = saved.timestamp()
             if attempt != launch[job_id][0] or saved < windows[job_id][0]:
                 continue
-            started = started.timestamp() if started else None
-            if b is not None and started is not None:
-                span = (started, started + b)
-            elif b is not None:
-                span = (saved - b, saved)
-            elif started is not None:
-                span = (started, saved)
-            else:
-                continue
-            blocking.setdefault(job_id, []).append(span)
+            span = save_blocking(started.timestamp() if started else None, saved, b)
+            if span is not None:
+                blocking.setdefault(job_id, []).append(span)
     out = {}
     for j in jobs:
         start, end = windows[j.pk]

@@ -98,6 +98,12 @@ def action_nodes(action: Action) -> set[int]:
     return ids
 
 
+def storm_allowed(max_share: float, total_nodes: int) -> int:
+    """How many nodes may be unhealthy or isolated before storm protection holds
+    automatic isolation: the set share of the cluster, at least one node."""
+    return max(1, math.floor(max_share * total_nodes + 1e-9))
+
+
 def storm(action: Action, ctx: Context) -> str | None:
     """No automatic isolation once more than the set share of the cluster's nodes
     (at least one node) is unhealthy or being isolated within the sliding window."""
@@ -121,7 +127,7 @@ def storm(action: Action, ctx: Context) -> str | None:
     for other in isolations:
         hit |= action_nodes(other)
     hit |= action_nodes(action)
-    allowed = max(1, math.floor(s.storm_max_share * total + 1e-9))
+    allowed = storm_allowed(s.storm_max_share, total)
     if len(hit) <= allowed:
         return None
     return (

@@ -185,12 +185,12 @@ QUEUE_SIGNALS = 3  # the latest signals shown per incident
 S = Action.State
 
 
-def action_is_own(*, action: Action, user) -> bool:
-    """Did `user` request the action? Then another operator must approve it (the same
-    test action_approve makes)."""
+def action_is_own(*, action: Action, user, actor: str | None = None) -> bool:
+    """Did `user` (or `actor`, a name; the user's by default) request the action? Then
+    another operator must approve it: action_approve asks this too."""
     if getattr(user, "pk", None) and action.requested_by_user_id:
         return user.pk == action.requested_by_user_id
-    return getattr(user, "username", None) == action.requested_by
+    return (actor or getattr(user, "username", None)) == action.requested_by
 
 
 def _param_nodes(action: Action) -> list[str]:
@@ -237,7 +237,7 @@ def cluster_guardrails(cluster_ids) -> dict[int, dict]:
         n = nodes.get(cid, {})
         h = held.get(cid, {})
         total, unhealthy = n.get("total", 0), n.get("unhealthy", 0)
-        allowed = max(1, int(cfg.storm_max_share * total + 1e-9))
+        allowed = guardrails.storm_allowed(cfg.storm_max_share, total)
         free = n.get("spares", 0) - h.get("spares_held", 0)
         out[cid] = {
             "paused": cfg.paused,

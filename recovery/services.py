@@ -37,7 +37,7 @@ from recovery.drivers import DriverError, DriverTransientError, get_driver
 from recovery.drivers.noop import NoopDriver
 from recovery.models import Action, ActionAudit, ClusterRecoverySettings
 from recovery.policies import Rule, incident_trigger, policy_rules
-from recovery.selectors import cluster_settings
+from recovery.selectors import action_is_own, cluster_settings
 
 logger = logging.getLogger(__name__)
 audit_log = logging.getLogger("rebound.audit")
@@ -340,12 +340,6 @@ def _latest_durable_step(job: TrainingJob) -> int | None:
 # --- decisions -----------------------------------------------------------------------
 
 
-def _is_requester(action: Action, actor: str, user) -> bool:
-    if user is not None and getattr(user, "pk", None) and action.requested_by_user_id:
-        return user.pk == action.requested_by_user_id
-    return actor == action.requested_by
-
-
 def _fresh(action: Action) -> Action:
     return Action.objects.select_related("cluster", "node", "job").get(pk=action.pk)
 
@@ -357,7 +351,7 @@ def action_approve(*, action: Action, actor: str, user=None, comment: str = "") 
     Refused `guardrail` when another action holds the target (`lease`) or no spare
     is left."""
     action = _fresh(action)
-    if _is_requester(action, actor, user):
+    if action_is_own(action=action, user=user, actor=actor):
         raise Refused(
             "own_action",
             f"{actor} requested action #{action.pk}; another operator must approve it.",

@@ -1,6 +1,6 @@
 """Put nodes of a cluster in a state (creating them when asked), e.g. register spares:
 
-    manage.py set_node_state --cluster local --create spare node-d
+manage.py set_node_state --cluster local --create spare node-d
 """
 
 from django.core.management.base import BaseCommand, CommandError
