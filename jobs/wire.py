@@ -48,7 +48,16 @@ FAULT_TYPES = frozenset(
 )
 END_REASONS = frozenset({"completed", "failed", "killed", "preempted"})
 EVENT_FIELDS = frozenset({"id", "job", "kind", "ts", "attempt", "node", "rank", "data"})
-SLUG = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+# The alphabets of names that end up in URLs, pages and the database. Checked
+# with \A...\Z: `$` would let a trailing newline through. Job keys are slugs;
+# node names are host names (letters, digits, '.', '-', '_', starting with a
+# letter or digit), never '/' (a node's page is /nodes/<cluster>/<name>/).
+JOB_KEY = re.compile(r"\A[A-Za-z0-9_-]{1,100}\Z")
+NODE_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+SLUG = JOB_KEY
+# What the database's integer columns hold: a number past these is refused at the wire.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
 # Timestamps outside these years are a unit mistake (ms or ns), not a date.
 TS_MIN = 946684800.0  # 2000-01-01
 TS_MAX = 4102444800.0  # 2100-01-01
