@@ -6,6 +6,7 @@ cluster `east` and one for cluster `west`.
 """
 
 import json
+from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -76,16 +77,14 @@ def ingest(personas):
     return post
 
 
+SAMPLES = Path(__file__).resolve().parent / "data" / "samples"
+
+
 @pytest.fixture(scope="session")
 def sample():
-    """The worked example beside the design: events and the figures it must give."""
-    from pathlib import Path
-
-    shared = Path(__file__).resolve().parent.parent.parent / "shared" / "samples"
-    if not (shared / "small-job.events.json").exists():
-        pytest.skip("the worked example (../shared/samples) is not beside this checkout")
-    events = json.loads((shared / "small-job.events.json").read_text())["events"]
-    expected = json.loads((shared / "small-job.expected.json").read_text())
+    """The design's worked example (tests/data/samples): events and the figures they must give."""
+    events = json.loads((SAMPLES / "small-job.events.json").read_text())["events"]
+    expected = json.loads((SAMPLES / "small-job.expected.json").read_text())
     return events, expected
 
 
