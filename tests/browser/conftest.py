@@ -2,8 +2,11 @@
 Playwright; no browser is downloaded) against a real gunicorn serving the test
 database, with a real Celery worker carrying out what the console queues.
 
-Without Chromium or Playwright these tests skip, unless REBOUND_REQUIRE_BROWSER is
-set (CI sets it): then they fail.
+Without Chromium or Playwright these tests skip, and the run's summary says so at its
+end; with REBOUND_REQUIRE_BROWSER=1 (CI sets it) they fail instead.
+
+Screenshots go to a temporary directory; with REBOUND_SCREENSHOTS=1 they refresh the
+README's pictures under docs/img/ (a test run otherwise leaves the checkout as it was).
 
 Each tab records what would be a defect whatever the page: a script error, a page
 or static file that did not load, a request to anywhere but the console itself.
@@ -12,6 +15,7 @@ or static file that did not load, a request to anywhere but the console itself.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,12 +32,15 @@ SHOTS = ROOT / "docs" / "img"
 PASSWORD = "correct-horse-battery-staple-42"
 WAIT_MS = 15_000
 ASYNC_UNSAFE = "DJANGO_ALLOW_ASYNC_UNSAFE"
+INSTALL_HINT = "install it (Debian: apt-get install chromium), or set REBOUND_CHROMIUM"
+# Why the browser tests skipped in this run, for the summary at its end.
+skipped_because: set[str] = set()
 
 
 def missing() -> str | None:
     """Why the browser tests cannot run here, or None."""
     if not CHROMIUM.exists():
-        return f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium)"
+        return f"no Chromium at {CHROMIUM}: {INSTALL_HINT}"
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
@@ -50,6 +57,7 @@ def chromium():
     if why:
         if os.environ.get("REBOUND_REQUIRE_BROWSER") == "1":
             pytest.fail(f"REBOUND_REQUIRE_BROWSER is set, but {why}")
+        skipped_because.add(why)
         pytest.skip(why)
     from playwright.sync_api import sync_playwright
 
@@ -156,7 +164,34 @@ def tabs(chromium, console):
         tab.close()
 
 
-def save_shot(name: str, png: bytes) -> None:
-    """Written only by a test that passed: call it last."""
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    (SHOTS / name).write_bytes(png)
+def shots_dir() -> Path:
+    """docs/img/ when asked (REBOUND_SCREENSHOTS=1), else a directory outside the checkout."""
+    if os.environ.get("REBOUND_SCREENSHOTS") == "1":
+        return SHOTS
+    return Path(tempfile.gettempdir()) / f"rebound-screenshots-{os.getuid()}"
+
+
+def save_shot(name: str, png: bytes) -> Path:
+    """Written only by a test that passed: call it last. Returns where it went."""
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000, "not a picture"
+    path = shots_dir() / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(png)
+    return path
+
+
+def pytest_terminal_summary(terminalreporter):
+    """A run without the browser says so at its end, loudly: one `s` among hundreds of
+    dots is easy to miss."""
+    if not skipped_because:
+        return
+    skipped = [
+        r
+        for r in terminalreporter.stats.get("skipped", [])
+        if r.nodeid.startswith("tests/browser/")
+    ]
+    tr = terminalreporter
+    tr.write_sep("!", f"browser tests did not run ({len(skipped)} skipped)", red=True, bold=True)
+    for why in sorted(skipped_because):
+        tr.write_line(f"  {why}", yellow=True, bold=True)
+    tr.write_line("  (REBOUND_REQUIRE_BROWSER=1 makes them fail instead of skipping, as CI does)")

@@ -3,8 +3,9 @@ charts drawn with data, and the approval queue's two-person rule, with a decisio
 posted in place and its state followed live (no reload) while a real Celery worker
 carries the action out through the `noop` driver.
 
-Each test ends by writing its screenshot (1440x900) under docs/img/, for the README:
-a failing test writes none."""
+Each test ends by writing its screenshot (1440x900); with REBOUND_SCREENSHOTS=1 they go
+under docs/img/, for the README (otherwise to a temporary directory): a failing test
+writes none."""
 
 import time
 from datetime import UTC, datetime
