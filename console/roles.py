@@ -2,7 +2,9 @@
 
 viewer < operator < admin; `ingest` stands apart: it may post events for its
 cluster and nothing else. A Django user's role is the highest of the groups
-named after roles it belongs to (a superuser is an admin).
+named after roles it belongs to (a superuser is an admin). A token that acts as a
+user may do no more than that user may now: a demoted user's tokens are demoted
+with them, and a user left with no role has tokens that may do nothing.
 """
 
 ROLE_ORDER = ("viewer", "operator", "admin")
@@ -33,10 +35,26 @@ def role_allows(role: str | None, required: str) -> bool:
     return ROLE_ORDER.index(role) >= ROLE_ORDER.index(required)
 
 
+def lower_role(a: str, b: str) -> str:
+    return min(a, b, key=ROLE_ORDER.index)
+
+
+def token_role(token) -> str | None:
+    """What a token may do: its scope, bounded by its user's current role when it has one."""
+    if token.user_id is None:
+        return token.scope
+    held = user_role(token.user)
+    if held is None:
+        return None
+    if token.scope == INGEST:
+        return INGEST
+    return lower_role(token.scope, held)
+
+
 def request_role(request) -> str | None:
-    """The role a request acts with: its token's scope, else its user's role."""
+    """The role a request acts with: its token's (see token_role), else its user's role."""
     from console.models import ApiToken
 
     if isinstance(request.auth, ApiToken):
-        return request.auth.scope
+        return token_role(request.auth)
     return user_role(request.user)

@@ -5,7 +5,7 @@ from django.contrib.auth.models import Group
 from django.db import transaction
 
 from console.models import ApiToken, new_raw_token, token_digest
-from console.roles import ROLE_ORDER
+from console.roles import ROLE_ORDER, lower_role, user_role
 from jobs.services import cluster_get_or_create
 
 
@@ -18,7 +18,9 @@ def token_issue(
 ) -> tuple[ApiToken, str]:
     """A new token and its raw value, shown once.
 
-    An ingest token's cluster is created when missing.
+    An ingest token's cluster is created when missing. A token that acts as a user
+    may not be given more than the user's role (and it follows the user's role later:
+    see console.roles.token_role).
     """
     if scope not in ApiToken.Scope.values:
         raise RoleError(f"unknown scope {scope!r}; one of {', '.join(ApiToken.Scope.values)}")
@@ -31,6 +33,14 @@ def token_issue(
         user = get_user_model().objects.filter(username=username).first()
         if user is None:
             raise RoleError(f"no user named {username!r}")
+        held = user_role(user)
+        if held is None:
+            raise RoleError(f"{username} has no role: give one first (manage.py set_role)")
+        if scope != ApiToken.Scope.INGEST and lower_role(scope, held) != scope:
+            raise RoleError(
+                f"{username} is {'an' if held[0] in 'aeiou' else 'a'} {held}:"
+                f" a token acting as {username} may be {held} at most"
+            )
     with transaction.atomic():
         cluster = cluster_get_or_create(name=cluster_name) if cluster_name else None
         raw = new_raw_token()

@@ -47,7 +47,7 @@ def test_ingest_tokens_need_a_cluster_and_others_refuse_one():
 
 
 def test_a_token_for_a_user(personas):
-    raw = issue("--scope", "operator", "--user", "viewer").strip()
+    raw = issue("--scope", "viewer", "--user", "viewer").strip()
     token = ApiToken.objects.get(digest=hashlib.sha256(raw.encode()).hexdigest())
     assert token.user.username == "viewer"
     with pytest.raises(CommandError, match="no user"):
@@ -95,3 +95,32 @@ def test_session_users_get_their_role(client, personas):
     r = client.get("/api/v1/jobs/")
     assert r.status_code == 403
     assert "needs viewer" in r.json()["detail"]
+
+
+def test_a_token_acts_with_no_more_than_its_users_current_role(personas):
+    """An operator token of a user later demoted acts as a viewer; with no role left,
+    the token is refused (403), like the user's session."""
+    operator = personas["operator"]
+    api = operator.client()
+    assert api.post("/api/v1/actions/", {}, format="json").status_code == 400  # may act
+
+    user_set_role(user=operator.user, role="viewer")
+    r = api.post("/api/v1/actions/", {}, format="json")
+    assert r.status_code == 403 and "needs operator" in r.json()["detail"]
+    assert api.get("/api/v1/jobs/").status_code == 200  # still reads
+
+    user_set_role(user=operator.user, role=None)
+    r = api.get("/api/v1/jobs/")
+    assert r.status_code == 403 and "needs viewer" in r.json()["detail"]
+
+    user_set_role(user=operator.user, role="admin")  # a promotion does not widen the scope
+    assert api.post("/api/v1/clusters/east/faults", {}, format="json").status_code == 403
+    assert api.post("/api/v1/actions/", {}, format="json").status_code == 400
+
+
+def test_a_token_for_a_user_may_not_exceed_the_users_role(personas):
+    with pytest.raises(CommandError, match="viewer is a viewer"):
+        issue("--scope", "operator", "--user", "viewer")
+    with pytest.raises(CommandError, match="outsider has no role"):
+        issue("--scope", "viewer", "--user", "outsider")
+    assert issue("--scope", "viewer", "--user", "operator").strip()
