@@ -170,7 +170,13 @@ def _episode_fields(episode: Episode) -> dict:
                 f" {first.data['last_step']} (timeout {first.data['timeout_s']:.0f} s)"
             )
         nodes = [first.node] if first.node else []
-        ranks = [first.rank] if first.rank is not None else []
+        ranks = [first.rank] if first.rank is not None else _ranks_named(episode, first)
+        # The fault began at its earliest sign, though its cause may be reported later
+        # (a launch's supervisor reports the rank that died after tearing the launch
+        # down, its peers' NCCL timeouts come first); it was known at the first of them.
+        faults = [s for s in episode.signals if s.kind == "fault"]
+        fault_ts = min(s.ts for s in faults)
+        detected_ts = min(s.detected_ts if s.detected_ts is not None else s.ts for s in faults)
     else:
         first = episode.failed_end
         fault_type, xid = "crash", None
@@ -179,6 +185,7 @@ def _episode_fields(episode: Episode) -> dict:
             f"launch {episode.attempt} ended {first.data.get('reason')} with no fault reported"
         )
         nodes, ranks = [], []
+        fault_ts = detected_ts = first.ts
     return {
         "attempt": episode.attempt,
         "cause": cause,
@@ -188,10 +195,42 @@ def _episode_fields(episode: Episode) -> dict:
         "summary": summary[:300],
         "ranks": ranks,
         "evidence": [s.client_id for s in episode.signals],
-        "fault_at": dt(first.ts),
-        "detected_at": dt(first.detected_ts if first.detected_ts is not None else first.ts),
+        "fault_at": dt(fault_ts),
+        "detected_at": dt(detected_ts),
         "_nodes": nodes,
+        "_why": _attribution(episode, first),
     }
+
+
+def _ranks_named(episode: Episode, first: Signal) -> list[int]:
+    """The ranks a fault that names none (a node's Xid) took down: those its episode's
+    other faults name on the same node, symptoms (a peer's timeout) left out."""
+    return sorted(
+        {
+            s.rank
+            for s in episode.signals
+            if s.kind == "fault"
+            and s.rank is not None
+            and s.data.get("type") not in SYMPTOM_TYPES
+            and (first.node is None or s.node == first.node)
+        }
+    )
+
+
+def _where(s: Signal) -> str:
+    return " ".join(x for x in (s.node, f"rank {s.rank}" if s.rank is not None else "") if x)
+
+
+def _attribution(episode: Episode, first: Signal) -> str:
+    """Why the episode is put down to `first`, in words for its timeline."""
+    if first.kind != "fault":
+        return f"launch {episode.attempt} ended {first.data.get('reason')} with no fault reported"
+    where = f" ({_where(first)})" if _where(first) else ""
+    at = dt(first.ts).strftime("%H:%M:%S.%f")[:-3]
+    what = f"{first.data.get('type')}{where} at {at} UTC"
+    if first.data.get("type") in SYMPTOM_TYPES:
+        return f"{what} is the first fault of launch {episode.attempt}; only symptoms so far"
+    return f"{what} is the first fault of launch {episode.attempt} that is not a symptom"
 
 
 @dataclass
@@ -203,14 +242,15 @@ class Finding:
     fields: dict
     nodes: list[str]
     signals: list[Signal]
+    why: str = ""  # why this cause, for the timeline when it changes
 
 
 def _launch_findings(job: TrainingJob, watch: Watch | None) -> list[Finding]:
     findings = []
     for episode in find_episodes(job, watch=watch):
         fields = _episode_fields(episode)
-        nodes = fields.pop("_nodes")
-        findings.append(Finding(LAUNCH_FAULT, episode.key, fields, nodes, episode.signals))
+        nodes, why = fields.pop("_nodes"), fields.pop("_why")
+        findings.append(Finding(LAUNCH_FAULT, episode.key, fields, nodes, episode.signals, why))
     return findings
 
 
@@ -321,7 +361,8 @@ def _crash_loop_findings(job: TrainingJob, launch_findings: list[Finding]) -> li
             "detected_at": dt(detected),
         }
         signals_ = [m.started for m in members]
-        findings.append(Finding(CRASH_LOOP, f"loop-{first.number}", fields, [], signals_))
+        why = f"most of the loop's {len(members)} launches failed of {cause}"
+        findings.append(Finding(CRASH_LOOP, f"loop-{first.number}", fields, [], signals_, why))
     return findings
 
 
@@ -410,6 +451,7 @@ def incidents_detect(
             known = set(incident.evidence)
             updates = {k: v for k, v in finding.fields.items() if getattr(incident, k) != v}
             if updates:
+                _attribution_entry(incident, updates, finding)
                 for k, v in updates.items():
                     setattr(incident, k, v)
                 incident.save(update_fields=list(updates))
@@ -514,7 +556,7 @@ def _signal_entry(incident: Incident, s: Signal) -> None:
         what = f"launch {s.attempt} ended {s.data.get('reason')}"
     else:
         what = f"launch {s.attempt} started"
-    where = " ".join(x for x in (s.node, f"rank {s.rank}" if s.rank is not None else "") if x)
+    where = _where(s)
     TimelineEntry.objects.create(
         incident=incident,
         kind=TimelineEntry.Kind.SIGNAL,
@@ -523,6 +565,38 @@ def _signal_entry(incident: Incident, s: Signal) -> None:
         source=s.kind,
         message=f"{what}{f' ({where})' if where else ''}",
         data={"event": s.client_id, **s.data},
+    )
+
+
+ATTRIBUTION = ("cause", "fault_type", "xid")
+
+
+def _attribution_entry(incident: Incident, updates: dict, finding: Finding) -> None:
+    """A timeline entry for a change of what the incident is put down to: from, to, why.
+    It stands after the signals that changed it (or now, when none is new)."""
+    changed = [k for k in ATTRIBUTION if k in updates]
+    if not changed:
+        return
+    before = {k: getattr(incident, k) for k in ATTRIBUTION}
+    after = {**before, **{k: updates[k] for k in changed}}
+
+    def said(v: dict) -> str:
+        xid = f", Xid {v['xid']}" if v["xid"] is not None else ""
+        return f"{v['cause']} ({v['fault_type']}{xid})"
+
+    why = finding.why or "the episode's signals now point there"
+    if before["fault_type"] in SYMPTOM_TYPES and after["fault_type"] not in SYMPTOM_TYPES:
+        why += f"; {before['fault_type']} is a symptom (a peer failed or hung), not a cause"
+    known = set(incident.evidence)
+    new = [s.ts for s in finding.signals if s.client_id not in known]
+    TimelineEntry.objects.create(
+        incident=incident,
+        kind=TimelineEntry.Kind.DETECTION,
+        at=dt(max(new)) if new else timezone.now(),
+        actor=f"detector:{incident.detector}",
+        source="rebound",
+        message=f"Re-attributed: {said(before)} → {said(after)}: {why}",
+        data={k: {"from": before[k], "to": after[k]} for k in changed} | {"why": why},
     )
 
 

@@ -16,7 +16,7 @@ from django.utils import timezone
 from django.utils.http import RFC3986_SUBDELIMS
 
 from console.charts import CATEGORY_COLOURS, OKABE_ITO, chart_script, figure
-from console.pages.common import answer, can_operate, operator_post, viewer_page
+from console.pages.common import DayField, answer, can_operate, operator_post, viewer_page
 from incidents import selectors, services
 from incidents.models import Incident, TimelineEntry
 from jobs.models import Cluster
@@ -67,8 +67,8 @@ class ClusterPeriodForm(forms.Form):
     incidents list and the reliability report both filter by them."""
 
     cluster = forms.ChoiceField(required=False)
-    since = forms.DateField(required=False, label="From", widget=forms.DateInput({"type": "date"}))
-    until = forms.DateField(required=False, label="To", widget=forms.DateInput({"type": "date"}))
+    since = DayField(required=False, label="From", widget=forms.DateInput({"type": "date"}))
+    until = DayField(required=False, label="To", widget=forms.DateInput({"type": "date"}))
 
     def __init__(self, *args, clusters: list[str], **kwargs):
         super().__init__(*args, **kwargs)
@@ -239,6 +239,13 @@ def _lost_figure(incident: Incident) -> dict:
     )
 
 
+def _clock_ahead(incident: Incident) -> str | None:
+    """How far the job's clock runs ahead of Rebound's, when an incident was opened
+    (Rebound's clock) before it was detected (the job's): None when it was not."""
+    ahead = (incident.detected_at - incident.opened_at).total_seconds()
+    return duration(ahead) if ahead > 0 else None
+
+
 def _actions(incident: Incident) -> tuple[list[Action], int]:
     qs = action_list(incident=incident.pk)
     rows = list(qs[: ACTIONS_MAX + 1])
@@ -278,6 +285,7 @@ def incident_detail(request, pk):
             "actions_total": actions_total,
             "can_operate": can_operate(request),
             "resolved": incident.state == Incident.State.RESOLVED,
+            "clock_ahead": _clock_ahead(incident),
         },
     )
 
