@@ -5,6 +5,7 @@ import secrets
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 TOKEN_PREFIX = "rbd_"
 
@@ -56,3 +57,22 @@ class ApiToken(models.Model):
 
     def __str__(self):
         return f"{self.hint}… ({self.scope})"
+
+
+class LoginFailure(models.Model):
+    """A failed sign-in, kept a while to throttle guessing (console.signin). In the
+    database, so every web worker counts the same failures."""
+
+    username = models.CharField(max_length=150)
+    address = models.CharField(max_length=64, blank=True)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["username", "at"], name="login_failure_username_at"),
+            models.Index(fields=["address", "at"], name="login_failure_address_at"),
+            models.Index(fields=["at"], name="login_failure_at"),
+        ]
+
+    def __str__(self):
+        return f"{self.username} from {self.address or '?'} at {self.at:%Y-%m-%d %H:%M:%S}"

@@ -2,10 +2,11 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from console.pages import approvals, incidents, jobs, live, nodes, overview, reliability
+from console.signin import SignInView
 
 app_name = "console"
 urlpatterns = [
-    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("login/", SignInView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(next_page="/login/"), name="logout"),
     *overview.urls,
     *jobs.urls,

@@ -1,10 +1,15 @@
-"""Writes of the console app: tokens and users' roles."""
+"""Writes of the console app: tokens, users' roles and passwords, failed sign-ins."""
 
+from datetime import timedelta
+
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
+from django.contrib.auth.password_validation import validate_password
 from django.db import transaction
+from django.utils import timezone
 
-from console.models import ApiToken, new_raw_token, token_digest
+from console.models import ApiToken, LoginFailure, new_raw_token, token_digest
 from console.roles import ROLE_ORDER, lower_role, user_role
 from jobs.services import cluster_get_or_create
 
@@ -64,3 +69,24 @@ def user_set_role(*, user, role: str | None) -> None:
         if role:
             user.groups.add(Group.objects.get_or_create(name=role)[0])
     user.__dict__.pop("_rebound_role", None)  # user_role's cache on this object
+
+
+def user_set_password(*, user, password: str) -> None:
+    """Set `user`'s password after Django's password validators (settings) accept it.
+    Raises django.core.exceptions.ValidationError with their reasons."""
+    validate_password(password, user)
+    user.set_password(password)
+    user.save(update_fields=["password"])
+
+
+def login_failure_record(*, username: str, address: str) -> None:
+    """Count one failed sign-in (console.signin), and drop failures too old to matter."""
+    now = timezone.now()
+    keep = settings.REBOUND_LOGIN_WINDOW_S + settings.REBOUND_LOGIN_LOCKOUT_S
+    LoginFailure.objects.filter(at__lt=now - timedelta(seconds=keep)).delete()
+    LoginFailure.objects.create(username=username[:150], address=address[:64], at=now)
+
+
+def login_failures_forget(*, username: str) -> None:
+    """A successful sign-in: the username's failures no longer count (its address's do)."""
+    LoginFailure.objects.filter(username=username[:150]).delete()

@@ -132,6 +132,19 @@ STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
+# Sign-in throttling (console.signin): failures within the window lock the username,
+# or the client address, for the lockout. An address may be several people (an office
+# behind one NAT), so it gets more tries than a username.
+AUTHENTICATION_BACKENDS = ["console.signin.ThrottledModelBackend"]
+REBOUND_LOGIN_MAX_FAILURES = int(os.environ.get("REBOUND_LOGIN_MAX_FAILURES", "5"))
+REBOUND_LOGIN_MAX_FAILURES_PER_ADDRESS = int(
+    os.environ.get("REBOUND_LOGIN_MAX_FAILURES_PER_ADDRESS", "20")
+)
+REBOUND_LOGIN_WINDOW_S = int(os.environ.get("REBOUND_LOGIN_WINDOW_S", "900"))
+REBOUND_LOGIN_LOCKOUT_S = int(os.environ.get("REBOUND_LOGIN_LOCKOUT_S", "900"))
+# Proxies in front of the console that append to X-Forwarded-For (0: clients connect
+# directly); the client address is the entry the outermost of them added.
+REBOUND_TRUSTED_PROXIES = int(os.environ.get("REBOUND_TRUSTED_PROXIES", "0"))
 
 # Ingest bodies may be up to 5 MiB; the view answers 413 past that itself.
 INGEST_MAX_EVENTS = 5000
