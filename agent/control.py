@@ -26,8 +26,10 @@ import os
 import re
 from pathlib import Path
 
-# Job keys and node names double as file names here.
-SLUG = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+# Job keys and node names double as file names here. The console's job-key pattern
+# (jobs/wire.py JOB_KEY), copied: the agent imports neither Django nor jobs. \A...\Z,
+# as `$` would let a trailing newline through.
+SLUG = re.compile(r"\A[A-Za-z0-9_-]{1,100}\Z")
 
 
 class JsonFile:

@@ -69,7 +69,9 @@ KINDS = frozenset(
 # What the reporter never sheds: all but heartbeats and rank windows.
 LIFECYCLE_KINDS = KINDS - {"heartbeat", "rank_window"}
 _KINDS_WITHOUT_ATTEMPT = frozenset({"heartbeat", "fault"})
-_SLUG = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+# The console's job-key pattern (jobs/wire.py JOB_KEY), copied: the agent imports
+# neither Django nor jobs. \A...\Z, as `$` would let a trailing newline through.
+_SLUG = re.compile(r"\A[A-Za-z0-9_-]{1,100}\Z")
 
 INGEST_PATH = "/api/v1/ingest"
 MAX_EVENTS_PER_REQUEST = 5000

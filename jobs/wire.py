@@ -8,6 +8,7 @@ problem (index, field, reason) instead of stopping at the first.
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -58,6 +59,20 @@ SLUG = JOB_KEY
 # What the database's integer columns hold: a number past these is refused at the wire.
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
+INT32_MIN = -(2**31)
+INT64_MIN = -(2**63)
+# The largest number a double holds: an integer past it cannot become a float column.
+FLOAT_MAX = sys.float_info.max
+# RFC 3339's date-time (section 5.6): 'T' and 'Z' in either case, an offset required,
+# ASCII digits only. Python's fromisoformat alone also takes '2026-11-30 08:00:00Z',
+# '20261130T080000Z', week dates and offsets without a colon.
+RFC3339 = re.compile(
+    r"\A\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})\Z",
+    re.ASCII,
+)
+# What `data` may hold beside its kind's fields: any JSON value, its lists and objects
+# nested at most this deep (orjson writes at most 254 levels; jsonb keeps what is sent).
+MAX_DATA_DEPTH = 8
 # Timestamps outside these years are a unit mistake (ms or ns), not a date.
 TS_MIN = 946684800.0  # 2000-01-01
 TS_MAX = 4102444800.0  # 2100-01-01
@@ -94,51 +109,75 @@ class WireEvent:
     data: dict
 
 
-def _is_int(v) -> bool:
-    return type(v) is int
-
-
 def _is_number(v) -> bool:
     t = type(v)
     return t is float or t is int
 
 
+def _storable(s: str) -> bool:
+    """A string PostgreSQL can hold: no NUL, no lone surrogate (not UTF-8)."""
+    if "\x00" in s:
+        return False
+    if s.isascii():
+        return True
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+NO_NUL = ", no NUL or lone surrogate"
+BAD_STRING = "must not contain NUL or lone surrogates (PostgreSQL cannot store them)"
+
+
 # Field checks for `data`: name -> (check, required, reason when wrong).
-def _int_min(lo):
-    return lambda v: type(v) is int and v >= lo
+def _int_range(lo, hi):
+    return lambda v: type(v) is int and lo <= v <= hi
 
 
 def _num_min(lo, isfinite=math.isfinite):
-    # _is_number inlined: this runs for most fields of most events.
-    return lambda v: (type(v) is float or type(v) is int) and isfinite(v) and v >= lo
+    # _is_number inlined: this runs for most fields of most events. An integer past
+    # what a double holds is refused before isfinite would overflow on it.
+    return lambda v: (
+        ((type(v) is float and isfinite(v)) or (type(v) is int and v <= FLOAT_MAX)) and v >= lo
+    )
 
 
 def _str_max(n):
-    return lambda v: type(v) is str and 0 < len(v) <= n
+    return lambda v: type(v) is str and 0 < len(v) <= n and _storable(v)
 
 
 def _choice(options):
     return lambda v: type(v) is str and v in options
 
 
-def _str_list(v):
-    return (
-        type(v) is list and len(v) <= 10000 and all(type(x) is str and 0 < len(x) <= 128 for x in v)
-    )
+def _node_list(v, match=NODE_NAME.match):
+    return type(v) is list and len(v) <= 10000 and all(type(x) is str and match(x) for x in v)
 
 
 def _any_number(v):
     t = type(v)
-    return t is float or t is int or (t is str and v in NON_FINITE)
+    return (
+        t is float or (t is int and -FLOAT_MAX <= v <= FLOAT_MAX) or (t is str and v in NON_FINITE)
+    )
 
 
-STEP = ("step", _int_min(0), "an integer >= 0")
+INT32 = "an integer of at most 2147483647"
+COUNT32 = (_int_range(1, INT32_MAX), "an integer from 1 to 2147483647")
+STEP = ("step", _int_range(0, INT64_MAX), "an integer from 0 to 9223372036854775807")
+COUNT64 = (STEP[1], STEP[2])
+EXIT_CODE = (_int_range(INT32_MIN, INT32_MAX), "an integer from -2147483648 to 2147483647")
+BAD_NODE = (
+    "a node name: letters, digits, '.', '-' and '_', starting with a letter or digit,"
+    " 1..128 characters"
+)
 
 DATA_SCHEMA: dict[str, dict[str, tuple]] = {
     "attempt_started": {
-        "world_size": (_int_min(1), True, "an integer >= 1"),
-        "gpus_per_node": (_int_min(1), False, "an integer >= 1"),
-        "nodes": (_str_list, False, "a list of node names (strings of 1..128 characters)"),
+        "world_size": (COUNT32[0], True, COUNT32[1]),
+        "gpus_per_node": (COUNT32[0], False, COUNT32[1]),
+        "nodes": (_node_list, False, "a list of node names (each " + BAD_NODE + ")"),
     },
     "ready": {},
     "checkpoint_load_started": {"step": (STEP[1], True, STEP[2])},
@@ -147,20 +186,20 @@ DATA_SCHEMA: dict[str, dict[str, tuple]] = {
         "step": (STEP[1], True, STEP[2]),
         "loss": (_any_number, False, "a number (or 'NaN', 'Infinity', '-Infinity')"),
         "grad_norm": (_any_number, False, "a number (or 'NaN', 'Infinity', '-Infinity')"),
-        "tokens": (_int_min(0), False, "an integer >= 0"),
+        "tokens": (COUNT64[0], False, COUNT64[1]),
         "step_time_s": (_num_min(0), False, "a finite number >= 0"),
     },
     "checkpoint_save_started": {"step": (STEP[1], True, STEP[2])},
     "checkpoint_saved": {
         "step": (STEP[1], True, STEP[2]),
-        "bytes": (_int_min(0), False, "an integer >= 0"),
+        "bytes": (COUNT64[0], False, COUNT64[1]),
         "blocking_s": (_num_min(0), False, "a finite number >= 0"),
-        "uri": (_str_max(1024), False, "a string of 1..1024 characters"),
-        "tier": (_str_max(32), False, "a string of 1..32 characters"),
+        "uri": (_str_max(1024), False, "a string of 1..1024 characters" + NO_NUL),
+        "tier": (_str_max(32), False, "a string of 1..32 characters" + NO_NUL),
     },
     "rank_window": {
-        "first_step": (_int_min(0), True, "an integer >= 0"),
-        "last_step": (_int_min(0), True, "an integer >= 0"),
+        "first_step": (COUNT64[0], True, COUNT64[1]),
+        "last_step": (COUNT64[0], True, COUNT64[1]),
         "compute_s": (_num_min(0), True, "a finite number >= 0"),
         "step_s": (_num_min(0), True, "a finite number >= 0"),
         "comm_wait_s": (_num_min(0), False, "a finite number >= 0"),
@@ -169,15 +208,15 @@ DATA_SCHEMA: dict[str, dict[str, tuple]] = {
     "heartbeat": {},
     "fault": {
         "type": (_choice(FAULT_TYPES), True, "one of " + ", ".join(sorted(FAULT_TYPES))),
-        "xid": (_int_min(0), False, "an integer >= 0"),
-        "message": (_str_max(4096), False, "a string of 1..4096 characters"),
-        "exit_code": (_is_int, False, "an integer"),
+        "xid": (_int_range(0, INT32_MAX), False, "an integer from 0 to 2147483647"),
+        "message": (_str_max(4096), False, "a string of 1..4096 characters" + NO_NUL),
+        "exit_code": (EXIT_CODE[0], False, EXIT_CODE[1]),
     },
     "attempt_ended": {
         "reason": (_choice(END_REASONS), True, "one of " + ", ".join(sorted(END_REASONS))),
-        "exit_code": (_is_int, False, "an integer"),
+        "exit_code": (EXIT_CODE[0], False, EXIT_CODE[1]),
         # Who asked for the end (an operator, the scheduler, a recovery action): not a fault.
-        "requested_by": (_str_max(200), False, "a string of 1..200 characters"),
+        "requested_by": (_str_max(200), False, "a string of 1..200 characters" + NO_NUL),
     },
     "job_finished": {},
 }
@@ -190,8 +229,59 @@ _DATA_FIELDS = {
 }
 
 
+def _check_extras(errors: list, index: int, kind: str, data: dict) -> None:
+    """The keys of `data` beyond its kind's fields: kept as sent when storable."""
+    for key, value in data.items():
+        if key in DATA_SCHEMA[kind]:
+            continue
+        if not _storable(key):
+            _error(errors, index, "data", "keys " + BAD_STRING)
+            continue
+        problem = _extra_problem(value)
+        if problem:
+            _error(errors, index, _field_name(f"data.{key}"), problem)
+
+
 BAD_JOB = "required: a slug (letters, digits, '-' and '_', 1..100 characters)"
-BAD_TS = "required: unix seconds or an RFC 3339 time with an offset, between 2000 and 2100"
+BAD_TS = (
+    "required: unix seconds or an RFC 3339 time with an offset"
+    " (2026-11-30T08:00:00.5Z, 2026-11-30T09:00:00+01:00), between 2000 and 2100"
+)
+
+
+def _field_name(key) -> str:
+    """A key the client sent, safe to echo in an error (no lone surrogate, bounded)."""
+    name = str(key)
+    if len(name) > 100:
+        name = name[:100] + "..."
+    return name.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _extra_problem(value, depth: int = 1, isfinite=math.isfinite) -> str | None:
+    """Why an extra `data` value cannot be stored as sent, or None. Bounded by
+    MAX_DATA_DEPTH, so it never recurses far."""
+    t = type(value)
+    if t is str:
+        return None if _storable(value) else BAD_STRING
+    if t is int:
+        return None if INT64_MIN <= value <= INT64_MAX else "integers must fit in 64 bits"
+    if t is float:
+        # At the top of `data`, NaN and infinity are kept as strings; deeper they are refused.
+        return None if depth == 1 or isfinite(value) else "numbers must be finite"
+    if t is list or t is dict:
+        if depth > MAX_DATA_DEPTH:
+            return f"lists and objects nest at most {MAX_DATA_DEPTH} levels"
+        if t is dict:
+            for k, v in value.items():
+                problem = BAD_STRING if not _storable(k) else _extra_problem(v, depth + 1)
+                if problem:
+                    return problem
+        else:
+            for v in value:
+                problem = _extra_problem(v, depth + 1)
+                if problem:
+                    return problem
+    return None  # None, True, False
 
 
 def _error(errors: list, index: int, field: str, reason: str) -> None:
@@ -208,11 +298,14 @@ def parse_body(body: bytes) -> list:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise WireError("body", f"not valid JSON: {exc}") from exc
+        except RecursionError as exc:
+            raise WireError("body", "nested too deeply to read") from exc
     if not isinstance(payload, dict):
         raise WireError("body", 'must be a JSON object: {"events": [...]}')
     extra = set(payload) - {"events"}
     if extra:
-        raise WireError(sorted(extra)[0], "unknown field; the body holds only 'events'")
+        name = _field_name(sorted(extra)[0])
+        raise WireError(name, "unknown field; the body holds only 'events'")
     events = payload.get("events")
     if not isinstance(events, list):
         raise WireError("events", "required: a list of events")
@@ -220,18 +313,17 @@ def parse_body(body: bytes) -> list:
 
 
 def parse_ts(value) -> float | None:
-    """Unix seconds from a number or an RFC 3339 string with an offset."""
+    """Unix seconds from a number or an RFC 3339 date-time (an offset required)."""
     if _is_number(value):
-        ts = float(value)
-    elif type(value) is str:
-        try:
-            dt = datetime.fromisoformat(value)
-        except ValueError:
+        # Compared before converting: an integer past a double's range would overflow.
+        if not (TS_MIN <= value <= TS_MAX):
             return None
-        if dt.tzinfo is None:
-            return None
-        ts = dt.timestamp()
-    else:
+        return float(value)
+    if type(value) is not str or not RFC3339.match(value):
+        return None
+    try:
+        ts = datetime.fromisoformat(value.upper()).timestamp()
+    except ValueError:  # month 13, second 60, offset +25:00 ...
         return None
     if not (TS_MIN <= ts <= TS_MAX):
         return None
@@ -270,7 +362,8 @@ def validate_events(raw_events: list, max_events: int) -> tuple[list[WireEvent],
         raise WireError("events", f"at most {max_events} events per request")
     errors: list[dict] = []
     out: list[WireEvent] = []
-    good_jobs: set[str] = set()
+    good_jobs: set[str] = set()  # names already matched in this batch
+    good_nodes: set[str] = set()
 
     for i, ev in enumerate(raw_events):
         if type(ev) is not dict:
@@ -279,22 +372,26 @@ def validate_events(raw_events: list, max_events: int) -> tuple[list[WireEvent],
         bad = len(errors)
         if not EVENT_FIELDS.issuperset(ev):
             for k in sorted(set(ev) - EVENT_FIELDS):
-                _error(errors, i, str(k), "unknown field")
+                _error(errors, i, _field_name(k), "unknown field")
 
         cid = ev.get("id")
         if type(cid) is not str or not (0 < len(cid) <= 128):
             _error(errors, i, "id", "required: a string of 1..128 characters")
+        elif (not cid.isascii() or "\x00" in cid) and not _storable(cid):
+            _error(errors, i, "id", BAD_STRING)  # (an ASCII id without NUL costs no call)
 
+        # The type first: a list or an object cannot even be looked up in a set.
         job = ev.get("job")
-        if job not in good_jobs:
-            if type(job) is str and SLUG.match(job):
+        if type(job) is not str or job not in good_jobs:
+            if type(job) is str and JOB_KEY.match(job):
                 good_jobs.add(job)
             else:
                 _error(errors, i, "job", BAD_JOB)
 
         kind = ev.get("kind")
-        if kind not in KINDS:
+        if type(kind) is not str or kind not in KINDS:
             _error(errors, i, "kind", "required: one of " + ", ".join(sorted(KINDS)))
+            kind = None
 
         ts = parse_ts(ev.get("ts"))
         if ts is None:
@@ -304,36 +401,43 @@ def validate_events(raw_events: list, max_events: int) -> tuple[list[WireEvent],
         if attempt is None:
             if kind in KINDS and kind not in KINDS_WITHOUT_ATTEMPT:
                 _error(errors, i, "attempt", f"required for {kind}: an integer >= 1")
-        elif type(attempt) is not int or attempt < 1:
-            _error(errors, i, "attempt", "must be an integer >= 1")
+        elif type(attempt) is not int or not (1 <= attempt <= INT32_MAX):
+            _error(errors, i, "attempt", "must be " + COUNT32[1])
 
         node = ev.get("node")
         if node is None:
             node = ""
             if kind == "heartbeat":
                 _error(errors, i, "node", "required for heartbeat: the node that is alive")
-        elif type(node) is not str or not (0 < len(node) <= 128):
-            _error(errors, i, "node", "must be a string of 1..128 characters")
+        elif type(node) is not str or node not in good_nodes:
+            if type(node) is str and NODE_NAME.match(node):
+                good_nodes.add(node)
+            else:
+                _error(errors, i, "node", "must be " + BAD_NODE)
 
         rank = ev.get("rank")
         if rank is None:
             if kind == "rank_window":
                 _error(errors, i, "rank", "required for rank_window: an integer >= 0")
-        elif type(rank) is not int or rank < 0:
-            _error(errors, i, "rank", "must be an integer >= 0")
+        elif type(rank) is not int or not (0 <= rank <= INT32_MAX):
+            _error(errors, i, "rank", "must be an integer from 0 to 2147483647")
 
         data = ev.get("data")
         if data is None:
             data = {}
+        extras = False
         if type(data) is not dict:
             _error(errors, i, "data", "must be a JSON object")
-        elif kind in KINDS:
+        elif kind is not None:
+            known = 0
             for name, check, required, reason in _DATA_FIELDS[kind]:
                 value = data.get(name)
                 if value is None:
                     if required:
                         _error(errors, i, f"data.{name}", f"required for {kind}: {reason}")
-                elif not check(value):
+                    continue
+                known += 1
+                if not check(value):
                     _error(errors, i, f"data.{name}", f"must be {reason}")
             if (
                 kind == "rank_window"
@@ -341,9 +445,12 @@ def validate_events(raw_events: list, max_events: int) -> tuple[list[WireEvent],
                 and data["first_step"] > data["last_step"]
             ):
                 _error(errors, i, "data.last_step", "must be >= data.first_step")
+            if len(data) > known:  # keys beyond the kind's fields (or fields set to null)
+                extras = True
+                _check_extras(errors, i, kind, data)
 
         if len(errors) == bad:
-            if kind == "step" or kind == "fault":
+            if kind == "step" or kind == "fault" or extras:
                 data = _finite_json(data)
             out.append(WireEvent(i, cid, job, kind, ts, attempt, node, rank, data))
     return out, errors
