@@ -93,7 +93,7 @@ def measure(
     """The model's inputs as the job measured them.
 
     `figures` is the cumulative ledger (jobs.selectors.job_goodput); `failures` the
-    launches that ended without completing or that an incident interrupted;
+    job's failures (incidents.selectors.is_failure: the incidents that interrupted it);
     `save_gaps` and `save_span_s` the number of intervals between consecutive saves of
     a launch and their total length; `blocking_*` the saves' reported blocking.
     """

@@ -5,7 +5,7 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from statistics import median
 
-from django.db.models import Count, Min, Prefetch, Q, QuerySet, Sum
+from django.db.models import Count, Exists, Min, OuterRef, Prefetch, Q, QuerySet, Sum
 from django.utils import timezone
 
 from incidents.models import Incident, TimelineEntry
@@ -48,6 +48,41 @@ def incident_detail(*, pk: int) -> Incident | None:
     )
 
 
+# --- what counts as a failure ------------------------------------------------------------
+# One definition for every figure that counts failures (the reliability report and its
+# API, MTBF, the job page's what-if), said in these words on the pages.
+
+FAILURE_DEFINITION = (
+    "A failure is an incident that interrupted a launch (a crash, a hang, a lost GPU, a"
+    " preemption...). A straggler slows a job without interrupting it: it counts only"
+    " when an action restarted the job for it."
+)
+# Recovery's actions that restart the job (recovery.models.Action.Kind values; this app
+# sees them on the timeline entries recovery writes, and does not import it).
+RESTARTING_ACTIONS = (
+    "restart_job",
+    "rollback",
+    "replace_node",
+    "replace_at_next_checkpoint",
+    "scale_down",
+    "drain_node",
+)
+
+
+def is_failure() -> Q:
+    """The condition on incidents that makes one a failure (FAILURE_DEFINITION): it is
+    tied to a launch and is not a straggler, or an action restarted the job for it. An
+    incident tied to no launch (a crash loop, a repeat offender) sums up others."""
+    restarted = TimelineEntry.objects.filter(
+        incident=OuterRef("pk"),
+        kind=TimelineEntry.Kind.ACTION,
+        data__kind__in=RESTARTING_ACTIONS,
+        data__to="succeeded",
+    )
+    interrupted = Q(attempt__isnull=False) & ~Q(cause=Incident.Cause.STRAGGLER)
+    return interrupted | Q(Exists(restarted))
+
+
 REPEAT_OFFENDER_MIN = 3  # incidents in the period that make a node a repeat offender
 
 
@@ -71,23 +106,29 @@ def _summary(values: list[float]) -> dict:
 
 
 def reliability(*, cluster: str | None, start, end) -> dict:
-    """Failures in [start, end): by cause, MTBF, times to resume and recover, lost
-    GPU-hours by cause, and the nodes in several of them.
+    """Incidents with a fault in [start, end): the failures among them (is_failure) and
+    MTBF, by cause the incidents, failures and lost GPU-hours, times to resume and
+    recover, and the nodes in several incidents.
 
     Reads plain rows (no model instances) and counts nodes in SQL: the report
     pages ask for hundreds of incidents at a time."""
     qs = incident_list(cluster=cluster, since=start, until=end).prefetch_related(None)
     rows = list(
-        qs.values_list("cause", "lost_gpu_seconds", "fault_at", "resumed_at", "recovered_at")
+        qs.annotate(failure=is_failure()).values_list(
+            "cause", "lost_gpu_seconds", "fault_at", "resumed_at", "recovered_at", "failure"
+        )
     )
     total = len(rows)
+    failures = sum(1 for r in rows if r[5])
     by_cause: dict[str, dict] = {}
-    for cause, lost_s, _, _, _ in rows:
-        c = by_cause.setdefault(cause, {"count": 0, "lost_gpu_hours": 0.0})
+    for cause, lost_s, _, _, _, failure in rows:
+        c = by_cause.setdefault(cause, {"count": 0, "failures": 0, "lost_gpu_hours": 0.0})
         c["count"] += 1
+        c["failures"] += bool(failure)
         c["lost_gpu_hours"] += lost_s / 3600.0
     for c in by_cause.values():
         c["share"] = c["count"] / total
+        c["failure_share"] = c["failures"] / failures if failures else 0.0
     node_counts = dict(
         Incident.nodes.through.objects.filter(incident__in=qs.values("pk"))
         .values("node__name")
@@ -99,9 +140,12 @@ def reliability(*, cluster: str | None, start, end) -> dict:
         "cluster": cluster,
         "start": start,
         "end": end,
-        "failures": total,
-        "mtbf_s": period_s / total if total else None,
-        "by_cause": dict(sorted(by_cause.items(), key=lambda kv: -kv[1]["count"])),
+        "incidents": total,
+        "failures": failures,
+        "mtbf_s": period_s / failures if failures else None,
+        "by_cause": dict(
+            sorted(by_cause.items(), key=lambda kv: (-kv[1]["failures"], -kv[1]["count"]))
+        ),
         "time_to_resume": _summary([(r[3] - r[2]).total_seconds() for r in rows if r[3]]),
         "time_to_recover": _summary([(r[4] - r[2]).total_seconds() for r in rows if r[4]]),
         "lost_gpu_hours": sum(r[1] / 3600.0 for r in rows),
@@ -378,9 +422,8 @@ def lost_gpu_hours_recent(*, now=None) -> dict:
 
 def job_incident_marks(*, job, limit: int = 200) -> dict:
     """For the job page: the latest `limit` incidents of the job (newest first), how
-    many it has, and the launches an incident interrupted (`interrupted`: numbers).
-    A straggler slows a launch without interrupting it, and an incident tied to no
-    launch (a repeat offender's) interrupted nothing itself. Three queries at most."""
+    many it has, how many are failures (is_failure) and the launches they interrupted
+    (`interrupted`: numbers). Four queries at most."""
     qs = Incident.objects.filter(job=job)
     rows = list(
         qs.order_by("-fault_at", "-id").values(
@@ -388,11 +431,16 @@ def job_incident_marks(*, job, limit: int = 200) -> dict:
         )[:limit]
     )
     total = len(rows) if len(rows) < limit else qs.count()
+    failures = qs.filter(is_failure())
     interrupted = list(
-        qs.exclude(cause=Incident.Cause.STRAGGLER)
-        .exclude(attempt=None)
+        failures.exclude(attempt=None)
         .order_by("attempt")
         .values_list("attempt", flat=True)
         .distinct()
     )
-    return {"rows": rows, "total": total, "interrupted": interrupted}
+    return {
+        "rows": rows,
+        "total": total,
+        "failures": failures.count(),
+        "interrupted": interrupted,
+    }

@@ -575,8 +575,7 @@ _FORM_UNITS = {  # form field -> (model input, seconds per unit)
 def _what_if(
     request, figures: dict, launches: dict, marks: dict, checkpoint_groups: list[dict]
 ) -> dict:
-    # A failure: a launch that ended without completing, or that an incident interrupted.
-    failures = len(set(launches["failed"]) | set(marks["interrupted"]))
+    failures = marks["failures"]  # as the reliability report counts them
     per_launch: dict[int, list] = {}  # launch -> [saves, first save, last save]
     for g in checkpoint_groups:
         if g["saved"]:
@@ -632,7 +631,13 @@ def _what_if(
                 else measured[name].value / unit,
             }
         )
-    return {"form": form, "inputs": inputs, "result": result, "failures": failures}
+    return {
+        "form": form,
+        "inputs": inputs,
+        "result": result,
+        "failures": failures,
+        "failure_definition": incident_selectors.FAILURE_DEFINITION,
+    }
 
 
 # --- the job page ------------------------------------------------------------------

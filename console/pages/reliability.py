@@ -29,10 +29,23 @@ LOST_COLOUR = OKABE_ITO["vermillion"]
 
 
 class PeriodForm(ClusterPeriodForm):
+    """The menu always names the period shown: the default preset when neither a preset
+    nor dates are asked for, and no dates left in the form when a preset wins over them."""
+
     range = forms.ChoiceField(
-        required=False, choices=[("", "custom dates"), *PRESET_LABELS.items()], label="Period"
+        required=False, choices=[("", "the dates below"), *PRESET_LABELS.items()], label="Period"
     )
     field_order = ["cluster", "range", "since", "until"]
+
+    def __init__(self, data=None, *args, **kwargs):
+        if data is not None:
+            data = data.copy()
+            if data.get("range"):
+                data["since"] = data["until"] = ""
+            elif not (data.get("since") or data.get("until")):
+                data["range"] = DEFAULT_PRESET
+        kwargs.setdefault("initial", {"range": DEFAULT_PRESET})
+        super().__init__(data, *args, **kwargs)
 
     def clean(self):
         data = super().clean()
@@ -68,7 +81,8 @@ def _label(cause: str) -> str:
 def _cause_figure(
     by_cause: dict, key: str, title: str, y_title: str, fmt: str, colour: str
 ) -> dict:
-    causes = list(by_cause)
+    # Failures: the causes that had one (a straggler's slowdown has none).
+    causes = [c for c in by_cause if key != "failures" or by_cause[c][key]]
     return figure(
         [
             {
@@ -154,13 +168,14 @@ def reliability(request):
                 for w in goodput["weeks"]
             ],
             "min_incidents": selectors.REPEAT_OFFENDER_MIN,
+            "failure_definition": selectors.FAILURE_DEFINITION,
             "mtbf": duration(report["mtbf_s"]),
             "times": times,
             "causes": causes,
             "offenders": [{**o, "clusters": where.get(o["node"], [])} for o in offenders],
             "failures_chart": chart_script(
                 _cause_figure(
-                    by_cause, "count", "Failures by cause", "failures", ":d", FAILURES_COLOUR
+                    by_cause, "failures", "Failures by cause", "failures", ":d", FAILURES_COLOUR
                 ),
                 "failures-chart",
             ),

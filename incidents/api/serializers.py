@@ -77,8 +77,10 @@ class IncidentResolveSerializer(serializers.Serializer):
 
 
 class CauseFiguresSerializer(serializers.Serializer):
-    count = serializers.IntegerField()
-    share = serializers.FloatField()
+    count = serializers.IntegerField(help_text="incidents of this cause")
+    share = serializers.FloatField(help_text="of the period's incidents")
+    failures = serializers.IntegerField(help_text="incidents of this cause that are failures")
+    failure_share = serializers.FloatField(help_text="of the period's failures")
     lost_gpu_hours = serializers.FloatField()
 
 
@@ -98,7 +100,11 @@ class ReliabilitySerializer(serializers.Serializer):
     cluster = serializers.CharField(allow_null=True)
     start = serializers.DateTimeField()
     end = serializers.DateTimeField()
-    failures = serializers.IntegerField()
+    incidents = serializers.IntegerField(help_text="incidents with a fault in the period")
+    failures = serializers.IntegerField(
+        help_text="incidents that interrupted a launch; a straggler only when an action"
+        " restarted the job for it"
+    )
     mtbf_s = serializers.FloatField(allow_null=True, help_text="period / failures")
     by_cause = serializers.DictField(child=CauseFiguresSerializer())
     time_to_resume = DurationSummarySerializer()

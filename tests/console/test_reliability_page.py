@@ -285,3 +285,82 @@ def test_report_queries_do_not_grow_with_incidents_or_jobs(
     report = r.context["report"]
     assert report["failures"] == 126 and report["repeat_offenders"][0]["incidents"] == 63
     assert r.context["goodput"]["jobs"] == 63
+
+
+# --- what a failure is, on both pages ----------------------------------------------------
+
+
+def test_a_straggler_is_a_slowdown_not_a_failure_on_both_pages(client, personas):
+    from tests.console.test_job_page import T0, ingest_job
+
+    job = ingest_job("slow-rank-job", launches=3, steps_per_launch=150)  # 2 Xid failures
+    straggler = incident_row(
+        job,
+        fault_at=datetime.fromtimestamp(T0 + 100, tz=UTC),
+        detector="straggler",
+        attempt=None,
+        cause="straggler",
+        fault_type="straggler",
+    )
+    assert Incident.objects.filter(job=job).count() == 3
+    day = datetime.fromtimestamp(T0, tz=UTC).date().isoformat()
+    client.force_login(personas["viewer"].user)
+
+    def both() -> tuple[int, int, str, str]:
+        r = client.get("/reliability/", {"since": day, "until": day})
+        j = client.get("/jobs/slow-rank-job/")
+        return (
+            r.context["report"]["failures"],
+            j.context["whatif"]["failures"],
+            r.content.decode(),
+            j.content.decode(),
+        )
+
+    reliability, what_if, page, job_page = both()
+    assert reliability == what_if == 2
+    for html in (page, job_page):
+        assert selectors.FAILURE_DEFINITION in html
+    by_cause = client.get("/reliability/", {"since": day, "until": day}).context["report"][
+        "by_cause"
+    ]
+    assert by_cause["straggler"]["count"] == 1 and by_cause["straggler"]["failures"] == 0
+    assert by_cause["gpu"]["failures"] == 2
+
+    # An action that restarted the job for the straggler makes it an interruption.
+    straggler.timeline.create(
+        kind="action",
+        at=straggler.detected_at,
+        actor="policy:straggler",
+        source="recovery",
+        message="action #1 replace_at_next_checkpoint: running → succeeded",
+        data={
+            "action": 1,
+            "kind": "replace_at_next_checkpoint",
+            "from": "running",
+            "to": "succeeded",
+        },
+    )
+    reliability, what_if, _, _ = both()
+    assert reliability == what_if == 3
+
+
+def test_the_period_menu_names_the_period_shown(client, personas):
+    client.force_login(personas["viewer"].user)
+
+    def menu(params) -> tuple[str, str]:
+        r = client.get("/reliability/", params)
+        html = r.content.decode()
+        selected = re.search(
+            r'<option value="([^"]*)" selected>([^<]*)</option>', html.split('name="range"')[1]
+        )
+        return selected.group(2), r.context["period"]
+
+    assert menu({}) == ("last 30 days", "last 30 days")
+    assert menu({"cluster": ""}) == ("last 30 days", "last 30 days")
+    assert menu({"range": "7d"}) == ("last 7 days", "last 7 days")
+    label, period = menu({"since": "2026-01-05", "until": "2026-01-11"})
+    assert label == "the dates below" and period == "2026-01-05 to 2026-01-11"
+    # A preset wins over dates; the dates it overrode are not left in the form.
+    r = client.get("/reliability/", {"range": "7d", "since": "2026-01-05"})
+    assert r.context["period"] == "last 7 days"
+    assert 'value="2026-01-05"' not in r.content.decode()
