@@ -6,6 +6,7 @@ def badges(request):
     if not user or not user.is_authenticated or request.path.startswith("/admin/"):
         return {}
     from console.pages.live import badges as counts
-    from console.roles import user_role
+    from console.roles import request_role
 
-    return {"badges": counts(), "role": user_role(user)}
+    # request_role: a page rendered for an API token (Swagger UI) acts with its scope.
+    return {"badges": counts(), "role": request_role(request)}

@@ -12,8 +12,13 @@ INGEST = "ingest"
 
 
 def user_role(user) -> str | None:
+    """The role of a Django user, or of a token without a user (its scope)."""
     if not user or not user.is_authenticated or not user.is_active:
         return None
+    from console.auth import TokenPrincipal
+
+    if isinstance(user, TokenPrincipal):  # it has no groups
+        return user.token.scope
     if user.is_superuser:
         return "admin"
     # Kept on the user object: a page asks several times per request (one query).
@@ -55,6 +60,6 @@ def request_role(request) -> str | None:
     """The role a request acts with: its token's (see token_role), else its user's role."""
     from console.models import ApiToken
 
-    if isinstance(request.auth, ApiToken):
+    if isinstance(getattr(request, "auth", None), ApiToken):
         return token_role(request.auth)
     return user_role(request.user)

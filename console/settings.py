@@ -63,6 +63,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Before session, CSRF and auth: what they refuse under /api/ gets the API's shape.
+    "console.exceptions.ErrorAnswers",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -129,6 +131,12 @@ STATICFILES_FINDERS = [
 ]
 STATIC_ROOT = VAR_DIR / "staticfiles"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+# WhiteNoise serves gzip (and brotli) copies to browsers that take them: in
+# production those `collectstatic` wrote, with hashed names cached for a year; in
+# debug mode, from the finders (console.staticfinders compresses plotly.js). Files
+# without a hash in their name are cached this long (debug mode's 0 would have
+# every page re-ask for each file).
+WHITENOISE_MAX_AGE = 60
 
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
@@ -157,6 +165,9 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["console.permissions.HasRequiredRole"],
+    # JSON only: people read the API at /api/v1/docs; the browsable API's pages
+    # would answer errors as HTML and render for principals the console does not know.
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

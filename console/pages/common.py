@@ -1,17 +1,52 @@
-"""What every page shares: who may see it, who may change things, and how a
-form answers (JSON to the page's script, a redirect without it)."""
+"""What every page shares: who may see it, who may change things, how a form
+answers (JSON to the page's script, a redirect without it), the path converter of
+stored names and the date field of period filters."""
 
 from __future__ import annotations
 
+from datetime import date
 from functools import wraps
 
+from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, JsonResponse
 from django.shortcuts import redirect
+from django.urls import register_converter
 
 from console.roles import role_allows, user_role
+
+
+class StoredName:
+    """A job key or node name as a URL path's last part: anything stored, '/' and
+    newlines included. The wire refuses such names now, but rows stored before (or
+    by the admin) must keep a page: reverse() percent-encodes what needs it."""
+
+    regex = r"(?s:.+)"
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value) -> str:
+        return str(value)
+
+
+register_converter(StoredName, "name")
+
+
+class DayField(forms.DateField):
+    """A whole UTC day of a period filter, within the years events may carry
+    (jobs.wire's TS_MIN..TS_MAX): 0001-01-01 or 9999-12-31 would overflow the
+    day arithmetic, and are mistakes anyway."""
+
+    FIRST, LAST = date(2000, 1, 1), date(2099, 12, 31)
+
+    def clean(self, value):
+        day = super().clean(value)
+        if day is not None and not (self.FIRST <= day <= self.LAST):
+            raise forms.ValidationError(f"A day from {self.FIRST} to {self.LAST}.")
+        return day
 
 
 def viewer_page(view):

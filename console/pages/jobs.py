@@ -738,5 +738,5 @@ def job_detail(request, key):
 
 urls = [
     path("jobs/", job_list, name="job-list"),
-    path("jobs/<slug:key>/", job_detail, name="job-detail"),
+    path("jobs/<name:key>/", job_detail, name="job-detail"),
 ]

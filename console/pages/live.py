@@ -13,12 +13,12 @@ from recovery.models import Action
 MAX_IDS = 500
 
 
-def _ids(raw: str) -> list[int]:
-    out = []
-    for part in raw.split(",")[:MAX_IDS]:
-        if part.strip().isdigit():
-            out.append(int(part))
-    return out
+def _ids(raw: str) -> list[int] | None:
+    """Ids from "1,2,3" (at most MAX_IDS); None when a part is not an id."""
+    parts = [p.strip() for p in raw.split(",")[:MAX_IDS] if p.strip()]
+    if not all(p.isascii() and p.isdigit() and len(p) <= 18 for p in parts):
+        return None  # '²' is a digit to str.isdigit, not to int; 18 digits fit a bigint
+    return [int(p) for p in parts]
 
 
 def badges() -> dict:
@@ -35,6 +35,11 @@ def badges() -> dict:
 def status(request):
     body = {"at": timezone.now().isoformat(), **badges()}
     ids = _ids(request.GET.get("actions", ""))
+    if ids is None:
+        detail = "actions must be action ids separated by commas."
+        return JsonResponse(
+            {"error": "invalid_parameter", "detail": detail, "field": "actions"}, status=400
+        )
     if ids:
         body["actions"] = {
             str(pk): {"state": state}

@@ -171,8 +171,21 @@ def outcome(action: Action) -> str:
     return f"{what} is {action.get_state_display().lower()}."
 
 
+def node_act_or_page(request, cluster, name):
+    """`nodes/<cluster>/<name>/act/` acts on the node `name` (POST), and is also the
+    page of a node named `<name>/act` (GET): a name the wire refuses now, which an
+    older row may still hold."""
+    page_of = f"{name}/act"
+    named = Node.objects.filter(cluster__name=cluster, name=page_of)
+    if request.method == "GET" and named.exists():
+        return node_detail(request, cluster, page_of)
+    return node_act(request, cluster, name)
+
+
+# Node names may hold '/' (rows stored before the wire refused it): `name` takes
+# the rest of the path, so the action URL comes first.
 urls = [
     path("nodes/", node_list_page, name="node-list"),
-    path("nodes/<str:cluster>/<str:name>/", node_detail, name="node-detail"),
-    path("nodes/<str:cluster>/<str:name>/act/", node_act, name="node-act"),
+    path("nodes/<str:cluster>/<name:name>/act/", node_act_or_page, name="node-act"),
+    path("nodes/<str:cluster>/<name:name>/", node_detail, name="node-detail"),
 ]

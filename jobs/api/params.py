@@ -1,7 +1,7 @@
 """Query parameters shared by the API's list and figure endpoints; 400 when malformed."""
 
 from console.exceptions import ApiError
-from jobs.wire import parse_ts
+from jobs.wire import INT64_MAX, parse_ts
 
 
 def time_param(request, name: str) -> float | None:
@@ -30,3 +30,14 @@ def choice_param(request, name: str, choices) -> str | None:
             400, "invalid_parameter", f"{name} must be one of {', '.join(choices)}.", field=name
         )
     return value
+
+
+def id_param(request, name: str) -> int | None:
+    """A row id from `?name=`: ASCII digits within a bigint ('²' is a digit to
+    str.isdigit, not to int)."""
+    value = request.query_params.get(name)
+    if value in (None, ""):
+        return None
+    if not (value.isascii() and value.isdigit() and int(value) <= INT64_MAX):
+        raise ApiError(400, "invalid_parameter", f"{name} must be an id.", field=name)
+    return int(value)

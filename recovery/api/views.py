@@ -15,7 +15,7 @@ from rest_framework.views import APIView
 
 from console.exceptions import ApiError
 from incidents.models import Incident
-from jobs.api.params import choice_param
+from jobs.api.params import choice_param, id_param
 from jobs.models import Cluster, Node, TrainingJob
 from recovery import selectors, services
 from recovery.api import serializers as s
@@ -87,16 +87,13 @@ class ActionListView(generics.ListCreateAPIView):
 
     def get_queryset(self):
         r = self.request
-        incident = r.query_params.get("incident") or None
-        if incident is not None and not incident.isdigit():
-            raise ApiError(400, "invalid_parameter", "incident must be an id.", field="incident")
         return selectors.action_list(
             state=choice_param(r, "state", Action.State.values),
             cluster=r.query_params.get("cluster") or None,
             job=r.query_params.get("job") or None,
             node=r.query_params.get("node") or None,
             kind=choice_param(r, "kind", Action.Kind.values),
-            incident=int(incident) if incident else None,
+            incident=id_param(r, "incident"),
         )
 
     @extend_schema(
