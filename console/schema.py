@@ -1,6 +1,65 @@
-"""OpenAPI: describe the bearer tokens to drf-spectacular."""
+"""OpenAPI: how drf-spectacular describes the API beyond what the views declare.
+
+- the bearer tokens (an authentication extension);
+- the one error shape, `{"error": code, "detail": text, ...}`, as the component `Error`,
+  and the error answers every operation can give, added once here rather than on every
+  view: 401 and 403 (all need a role), 503 (database away, with Retry-After), 400 where
+  there are query parameters or a body, 404 where there is a path parameter or a page,
+  415 where DRF parses the body (a view that reads the raw body names its media types
+  in `extend_schema(request={media_type: ...})`); a view declares the others it gives
+  (409, 413) and may describe any of them in its own words, and they get the error shape;
+- PATCH bodies as their serializers validate them: no view here reads a partial body.
+"""
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.plumbing import ResolvedComponent
+
+ERROR_COMPONENT = "Error"
+ERROR_SCHEMA = {
+    "type": "object",
+    "description": "Every error answer of the API. Some add fields: `field`, `fields`,"
+    " `errors`, or what the error names (`jobs`, `guardrail`...).",
+    "properties": {
+        "error": {
+            "type": "string",
+            "description": "a stable code: invalid, invalid_parameter, invalid_body,"
+            " invalid_events, not_authenticated, authentication_failed, permission_denied,"
+            " not_found, conflict, too_large, unavailable...",
+        },
+        "detail": {"type": "string", "description": "what is wrong, for a person"},
+        "field": {"type": "string", "description": "the parameter or body field at fault"},
+        "fields": {
+            "type": "object",
+            "additionalProperties": True,
+            "description": "an invalid body: each field's problems",
+        },
+        "errors": {
+            "type": "array",
+            "items": {"type": "object", "additionalProperties": True},
+            "description": "each problem of a batch: its index, field or name, and reason",
+        },
+    },
+    "required": ["error", "detail"],
+    "additionalProperties": True,
+}
+ERROR_DESCRIPTIONS = {
+    "400": "invalid parameters or body, named in `field`, `fields` or `errors`",
+    "401": "no token, or an unknown or revoked one",
+    "403": "the role may not do this",
+    "404": "no such object, or no such page",
+    "409": "the state does not allow it",
+    "413": "the body is too large",
+    "415": "the body is not JSON",
+    "503": "the database is away for a moment: retry after `Retry-After` seconds",
+}
+RETRY_AFTER = {
+    "Retry-After": {
+        "schema": {"type": "integer", "minimum": 0},
+        "description": "seconds to wait before sending again",
+        "required": True,
+    }
+}
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):
@@ -13,3 +72,54 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
             "scheme": "bearer",
             "description": "A token from `manage.py issue_token`; its scope is its role.",
         }
+
+
+class ReboundAutoSchema(AutoSchema):
+    def get_operation(self, path, path_regex, path_prefix, method, registry):
+        operation = super().get_operation(path, path_regex, path_prefix, method, registry)
+        if operation is None:
+            return None
+        error = ResolvedComponent(
+            name=ERROR_COMPONENT,
+            type=ResolvedComponent.SCHEMA,
+            schema=ERROR_SCHEMA,
+            object=ERROR_COMPONENT,
+        )
+        self.registry.register_on_missing(error)
+        responses = operation["responses"]
+        for code in self._error_codes(operation):
+            responses.setdefault(code, {})
+        for code, response in responses.items():
+            if code >= "400":
+                response["content"] = {"application/json": {"schema": error.ref}}
+                response["description"] = response.get("description") or ERROR_DESCRIPTIONS.get(
+                    code, ""
+                )
+                if code == "503":
+                    response["headers"] = RETRY_AFTER
+        operation["responses"] = dict(sorted(responses.items()))
+        return operation
+
+    def _error_codes(self, operation) -> set[str]:
+        codes = {"401", "403", "503"}
+        where = {p["in"] for p in operation.get("parameters", []) if p["name"] != "page"}
+        body = operation.get("requestBody")
+        if body or "query" in where:
+            codes.add("400")
+        if "path" in where or any(p["name"] == "page" for p in operation.get("parameters", [])):
+            codes.add("404")
+        # A view that names its body's media types itself reads the raw body (ingest);
+        # the others parse it with their parsers, which refuse another content type.
+        if body and not isinstance(self.get_request_serializer(), dict):
+            codes.add("415")
+        return codes
+
+    def _get_request_for_media_type(self, serializer, direction="request"):
+        # drf-spectacular makes every PATCH body partial (all fields optional), as DRF's
+        # UpdateModelMixin would; our PATCH views validate their bodies whole.
+        method = self.method
+        self.method = "POST" if method == "PATCH" else method
+        try:
+            return super()._get_request_for_media_type(serializer, direction)
+        finally:
+            self.method = method

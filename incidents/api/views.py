@@ -5,7 +5,6 @@ from datetime import timedelta
 
 from django.http import Http404
 from django.utils import timezone
-from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics
 from rest_framework.parsers import JSONParser
@@ -173,20 +172,6 @@ def _settings_scope(cluster_name: str | None, job_key: str | None):
     return cluster, job
 
 
-class _CommandBodySchema(AutoSchema):
-    """Documents a PATCH body as what it is here, a command whose fields are required
-    as its serializer says, not a partial object (drf-spectacular makes every PATCH
-    body partial; tests/incidents/test_settings_api.py checks that this holds)."""
-
-    def _get_request_for_media_type(self, serializer, direction="request"):
-        method = self.method
-        self.method = "POST" if method == "PATCH" else method
-        try:
-            return super()._get_request_for_media_type(serializer, direction)
-        finally:
-            self.method = method
-
-
 def _settings_response(cluster, job) -> Response:
     table = detector_settings_table(cluster=cluster, job=job)
     return Response(s.DetectorSettingSerializer(table, many=True).data)
@@ -198,7 +183,6 @@ class DetectorSettingsView(APIView):
 
     required_roles = {"GET": "viewer", "PATCH": "operator"}
     parser_classes = [JSONParser]
-    schema = _CommandBodySchema()
 
     @extend_schema(
         summary="The parameters in force for a cluster, or one of its jobs",

@@ -2,11 +2,13 @@
 
 from datetime import UTC, datetime
 
+from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from jobs.accounting import CATEGORIES
 from jobs.models import Attempt, Checkpoint, TrainingJob
-from jobs.wire import KINDS
+from jobs.wire import INT32_MAX, KINDS, TS_MAX, TS_MIN
 
 
 def iso(ts: float | None) -> str | None:
@@ -133,21 +135,56 @@ class JobSerializer(serializers.ModelSerializer):
         return iso(obj.last_event_ts)
 
 
+# The wire's rules (jobs.wire) in JSON Schema terms, for clients and the API's fuzz test.
+JOB_KEY_PATTERN = r"^[A-Za-z0-9_-]{1,100}$"
+NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+NO_NUL_PATTERN = r"^[^\u0000]*$"
+RFC3339_PATTERN = (
+    r"^20[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])[Tt]([01][0-9]|2[0-3]):[0-5][0-9]"
+    r":[0-5][0-9](\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"
+)
+
+
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "number", "minimum": TS_MIN, "maximum": TS_MAX},
+            {"type": "string", "pattern": RFC3339_PATTERN},
+        ],
+        "description": "unix seconds, or RFC 3339 with an offset"
+        " (2026-11-30T08:00:00.5Z, 2026-11-30T09:00:00+01:00); between 2000 and 2100",
+    }
+)
+class TimestampField(serializers.Field):
+    pass
+
+
 class IngestEventSerializer(serializers.Serializer):
     """Documentation of wire format v1; ingest validates with jobs.wire for speed."""
 
-    id = serializers.CharField(max_length=128)
-    job = serializers.SlugField(max_length=100)
+    id = serializers.RegexField(
+        NO_NUL_PATTERN, min_length=1, max_length=128, help_text="dedup key within the job"
+    )
+    job = serializers.RegexField(JOB_KEY_PATTERN, help_text="the job's key (a slug)")
     kind = serializers.ChoiceField(choices=sorted(KINDS))
-    ts = serializers.CharField(help_text="RFC 3339 with an offset, or unix seconds (a number)")
-    attempt = serializers.IntegerField(min_value=1, required=False)
-    node = serializers.CharField(max_length=128, required=False)
-    rank = serializers.IntegerField(min_value=0, required=False)
-    data = serializers.DictField(required=False)
+    ts = TimestampField()
+    attempt = serializers.IntegerField(
+        min_value=1,
+        max_value=INT32_MAX,
+        required=False,
+        help_text="the launch; required for every kind but heartbeat and fault",
+    )
+    node = serializers.RegexField(
+        NODE_NAME_PATTERN, required=False, help_text="required for heartbeat"
+    )
+    rank = serializers.IntegerField(min_value=0, max_value=INT32_MAX, required=False)
+    data = serializers.DictField(required=False, help_text="the kind's fields (see the README)")
 
 
 class IngestRequestSerializer(serializers.Serializer):
-    events = IngestEventSerializer(many=True)
+    events = serializers.ListField(
+        child=IngestEventSerializer(), min_length=1, max_length=settings.INGEST_MAX_EVENTS
+    )
 
 
 class IngestResponseSerializer(serializers.Serializer):

@@ -56,17 +56,23 @@ class IngestView(APIView):
     required_role = "ingest"
 
     @extend_schema(
-        request=s.IngestRequestSerializer,
+        # The raw body is read (JSON, optionally `Content-Encoding: gzip`), never a form.
+        request={"application/json": s.IngestRequestSerializer},
         responses={
             202: s.IngestResponseSerializer,
             400: OpenApiResponse(
-                description="invalid events: each bad event's index, field, reason"
+                description="invalid body or events: each bad event's index, field and"
+                " reason in `errors`; nothing was stored"
             ),
-            401: OpenApiResponse(description="no or unknown token"),
             403: OpenApiResponse(
                 description="the token may not ingest, or its cluster does not own a job"
             ),
+            409: OpenApiResponse(
+                description="the batch would rewrite a launch's history (a launch number"
+                " started with another id, a new launch of a finished job); nothing stored"
+            ),
             413: OpenApiResponse(description="more than 5,000 events or 5 MiB"),
+            415: OpenApiResponse(description="a Content-Encoding other than gzip"),
         },
     )
     def post(self, request):
