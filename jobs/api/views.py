@@ -20,7 +20,11 @@ from jobs.wire import WireError, parse_body, validate_events
 
 
 def _read_body(request) -> bytes:
-    """The request body, decompressed when gzip-encoded; 413 past the size limit."""
+    """The request body, decompressed when gzip-encoded; 413 past the size limit.
+
+    A chunked body (Transfer-Encoding: chunked, no Content-Length) is read from the
+    WSGI stream, which the server de-chunks: Django alone would read it as empty.
+    """
     limit = settings.INGEST_MAX_BYTES
     too_big = ApiError(
         413, "too_large", f"A request may carry at most {limit} bytes ({limit // 1048576} MiB)."
@@ -31,23 +35,63 @@ def _read_body(request) -> bytes:
         declared = 0
     if declared > limit:
         raise too_big
+    chunked = "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower()
     try:
-        body = request.body
+        if chunked and not request.META.get("CONTENT_LENGTH"):
+            body = _read_stream(request.META["wsgi.input"], limit)
+        else:
+            body = request.body
     except RawPostDataException:  # pragma: no cover - body already consumed
         raise ApiError(400, "invalid_body", "The request body could not be read.") from None
+    except OSError as exc:  # the client went away mid-body
+        raise ApiError(400, "invalid_body", f"The request body could not be read: {exc}") from exc
     except Exception as exc:  # RequestDataTooBig
         raise too_big from exc
     if len(body) > limit:
         raise too_big
-    if request.META.get("HTTP_CONTENT_ENCODING", "").lower() == "gzip":
+    encoding = request.META.get("HTTP_CONTENT_ENCODING", "").strip().lower()
+    if encoding == "gzip":
+        body = _gunzip(body, limit, too_big)
+    elif encoding not in ("", "identity"):
+        raise ApiError(
+            415,
+            "unsupported_encoding",
+            f"Content-Encoding {encoding[:40]!r} is not supported; send gzip or no encoding.",
+        )
+    return body
+
+
+def _read_stream(stream, limit: int) -> bytes:
+    """Up to limit + 1 bytes of a stream of unknown length: one past is enough to refuse."""
+    parts, size = [], 0
+    while size <= limit:
+        part = stream.read(min(65536, limit + 1 - size))
+        if not part:
+            break
+        parts.append(part)
+        size += len(part)
+    return b"".join(parts)
+
+
+def _gunzip(body: bytes, limit: int, too_big: ApiError) -> bytes:
+    """Every member of a gzip body (RFC 1952 allows several, concatenated), at most
+    `limit` bytes once inflated; a truncated member or trailing bytes are a 400."""
+    out, size, rest = [], 0, body
+    while rest:
         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
         try:
-            body = inflater.decompress(body, limit + 1)
+            part = inflater.decompress(rest, limit + 1 - size)
         except zlib.error as exc:
-            raise ApiError(400, "invalid_body", f"The gzip body is corrupt: {exc}") from exc
-        if len(body) > limit or inflater.unconsumed_tail:
+            what = "trailing data after the last gzip member" if out else "the gzip body is corrupt"
+            raise ApiError(400, "invalid_body", f"{what}: {exc}") from exc
+        size += len(part)
+        if size > limit:
             raise too_big
-    return body
+        if not inflater.eof:
+            raise ApiError(400, "invalid_body", "The gzip body is truncated.")
+        out.append(part)
+        rest = inflater.unused_data
+    return b"".join(out)
 
 
 class IngestView(APIView):
