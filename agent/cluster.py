@@ -585,11 +585,52 @@ class LocalCluster:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
 
-    def shutdown(self) -> None:
-        """Stops every running launch and every node agent."""
+    def shutdown(self, *, quick: bool = False, grace_s: float = 5.0) -> list[str]:
+        """Stops every running launch and every node agent; returns what it stopped.
+
+        `quick` is for the cluster's owner going away (the demo stopping, and the
+        console with it, maybe): every launch and agent is told at once, a launch
+        reports its end for a second or so (what it could not deliver stays in its
+        reporter's spill file), and whatever still runs after `grace_s` is killed."""
+        if not quick:
+            running = self.running()
+            for st in running:
+                self.stop(st["job"])
+            agents = [n for n in self.nodes if self.node_agent_pid(n)]
+            self.stop_node_agents()
+            return [f"{st['job']} launch {st['attempt']}" for st in running] + [
+                f"node agent {n}" for n in agents
+            ]
+        stopped, procs = [], []  # procs: (pid, start, is a group leader)
         for st in self.running():
-            self.stop(st["job"])
-        self.stop_node_agents()
+            adir = self.attempt_dir(st["job"], st["attempt"])
+            control.write_json(adir / "stop.json", {"by": "agent.cluster", "quick": True})
+            record = control.read_json(adir / "procs.json") or {}
+            sup = (record.get("supervisor_pid"), record.get("supervisor_start"), False)
+            if _alive(*sup[:2]):
+                os.kill(sup[0], signal.SIGTERM)
+                procs.append(sup)
+            for r in record.get("ranks", []):
+                procs.append((r.get("pid"), r.get("start"), True))
+            stopped.append(f"{st['job']} launch {st['attempt']}")
+        for node in self.nodes:
+            info = control.read_json(self.root / "nodes" / f"{node}.agent.json") or {}
+            agent = (info.get("pid"), info.get("start"), False)
+            if _alive(*agent[:2]):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(agent[0], signal.SIGTERM)
+                procs.append(agent)
+                stopped.append(f"node agent {node}")
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(_alive(p, s) for p, s, _ in procs):
+            time.sleep(0.05)
+        for pid, start, leader in procs:
+            if _alive(pid, start):
+                if leader:
+                    _signal_group(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        return stopped
 
 
 @contextlib.contextmanager
@@ -746,6 +787,10 @@ class _Supervisor:
             if self.stop_requested:
                 self.record["state"] = "stopping"
                 self.write()
+                stop = control.read_json(self.dir / "stop.json") or {}
+                if stop.get("quick"):  # the cluster shuts down: a second or two for all
+                    self.teardown(grace_s=1.5)
+                    return self.end("killed", report_s=1.5)
                 self.teardown()
                 return self.end("killed")
             if failed:
@@ -763,7 +808,8 @@ class _Supervisor:
     def _on_signal(self, signum, frame):
         self.stop_requested = True
 
-    def end(self, state: str) -> int:
+    def end(self, state: str, report_s: float = 10.0) -> int:
+        """Records the launch's end and reports it, for at most about 2 x `report_s`."""
         ranks = {r["rank"]: r for r in self.record["ranks"]}
         sink = self.cluster.sink(self.job, attempt=self.attempt)
         f = self.failure
@@ -800,8 +846,8 @@ class _Supervisor:
             if state == "killed" and stop:
                 data["requested_by"] = stop["by"]
             sink.emit("attempt_ended", data, attempt=self.attempt)
-        sink.flush(timeout_s=10.0)
-        sink.close(timeout_s=10.0)
+        sink.flush(timeout_s=report_s)
+        sink.close(timeout_s=report_s)
         self.record["state"] = state
         self.record["ended_at"] = time.time()
         self.write()
@@ -833,7 +879,7 @@ def _node_agent(cluster: LocalCluster, node: str) -> int:
                 time.sleep(min(0.1, interval))
     finally:
         for sink in sinks.values():
-            sink.close()
+            sink.close(timeout_s=1.0)  # heartbeats only: nothing worth waiting for
         with contextlib.suppress(FileNotFoundError):
             info_path.unlink()
     return 0
