@@ -75,10 +75,11 @@ class Server:
     """gunicorn serving the console on the test database, stoppable and restartable
     on the same port (the console going away under a running job)."""
 
-    def __init__(self, tmp_path: Path):
+    def __init__(self, tmp_path: Path, env: dict | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.var = tmp_path
+        self.env = env or {}  # on top of the defaults (a DATABASE_URL through a proxy...)
         self.process: subprocess.Popen | None = None
         self.output = ""
 
@@ -88,6 +89,7 @@ class Server:
             "DATABASE_URL": database_url(),
             "REBOUND_VAR_DIR": str(self.var),
             "REBOUND_CELERY_QUEUE": app.conf.task_default_queue,
+            **self.env,
         }
         cmd = [sys.executable, "-m", "gunicorn", "console.wsgi", "--workers", "1"]
         cmd += ["--bind", f"127.0.0.1:{self.port}", "--log-level", "warning"]
