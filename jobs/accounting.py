@@ -162,9 +162,14 @@ def build_launches(
     def earliest(cur, ts):
         return ts if cur is None or ts < cur else cur
 
+    reopened = -math.inf  # an operator reopened the job: finishes up to then are void
     for kind, ts, attempt, data in lifecycle:  # sorted by (ts, arrival)
         if kind == "job_finished":
-            finished = earliest(finished, ts)
+            if ts > reopened:
+                finished = earliest(finished, ts)
+            continue
+        if kind == "job_reopened":
+            reopened, finished = ts, None
             continue
         if attempt is None:
             continue

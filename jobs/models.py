@@ -22,6 +22,9 @@ LIFECYCLE_KINDS = (
     "fault",
     "attempt_ended",
     "job_finished",
+    # Written by the console, never sent: an operator reopened the finished job, so the
+    # finishes up to this event's ts no longer end it (see jobs.services.job_reopen).
+    "job_reopened",
 )
 # Of those, the few per launch (not the checkpoint saves, which come every few
 # minutes for the job's whole life): what detection reads on every pass.
@@ -98,6 +101,9 @@ class TrainingJob(models.Model):
     # figures computed at an older revision are stale.
     revision = models.BigIntegerField(default=0)
     events_count = models.BigIntegerField(default=0)
+    # The latest finish an operator reopened (job clock): a job_finished at or before
+    # it no longer finishes the job, so a late copy of it cannot close the job again.
+    reopened_finish_ts = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -162,6 +168,7 @@ class Event(models.Model):
         FAULT = "fault"
         ATTEMPT_ENDED = "attempt_ended"
         JOB_FINISHED = "job_finished"
+        JOB_REOPENED = "job_reopened"  # the console's own: see LIFECYCLE_KINDS
 
     LIFECYCLE_KINDS = LIFECYCLE_KINDS
     LAUNCH_KINDS = LAUNCH_KINDS

@@ -190,3 +190,9 @@ class IngestRequestSerializer(serializers.Serializer):
 class IngestResponseSerializer(serializers.Serializer):
     accepted = serializers.IntegerField()
     duplicates = serializers.IntegerField()
+
+
+class JobReopenSerializer(serializers.Serializer):
+    reason = serializers.CharField(
+        max_length=500, required=False, allow_blank=True, help_text="why, for the audit log"
+    )

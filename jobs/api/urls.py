@@ -9,4 +9,5 @@ urlpatterns = [
     path("jobs/<slug:key>/goodput", views.JobGoodputView.as_view(), name="job-goodput"),
     path("jobs/<slug:key>/attempts", views.JobAttemptsView.as_view(), name="job-attempts"),
     path("jobs/<slug:key>/checkpoints", views.JobCheckpointsView.as_view(), name="job-checkpoints"),
+    path("jobs/<slug:key>/reopen", views.JobReopenView.as_view(), name="job-reopen"),
 ]

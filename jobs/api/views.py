@@ -113,7 +113,9 @@ class IngestView(APIView):
             ),
             409: OpenApiResponse(
                 description="the batch would rewrite a launch's history (a launch number"
-                " started with another id, a new launch of a finished job); nothing stored"
+                " started with another id, a new launch of a finished job); nothing stored."
+                " `conflicts` lists each: index, job, attempt (the launch), reason, and"
+                " `stored` (the launch's start: event, started_at; or the job's finished_at)"
             ),
             413: OpenApiResponse(description="more than 5,000 events or 5 MiB"),
             415: OpenApiResponse(description="a Content-Encoding other than gzip"),
@@ -154,10 +156,50 @@ class IngestView(APIView):
                 f"This token's cluster '{exc.cluster}' does not own job(s): {', '.join(exc.keys)}.",
                 jobs=exc.keys,
             ) from exc
+        except services.HistoryConflict as exc:
+            first = exc.conflicts[0]
+            more = len(exc.conflicts) - 1
+            detail = first["reason"] + (f"; and {more} more" if more else "")
+            if "finished_at" in first["stored"]:
+                detail += f" through POST /api/v1/jobs/{first['job']}/reopen"
+            raise ApiError(
+                409,
+                "history_conflict",
+                detail + ". Nothing of this request was stored.",
+                conflicts=exc.conflicts,
+            ) from exc
         return Response(
             {"accepted": result.accepted, "duplicates": result.duplicates},
             status=status.HTTP_202_ACCEPTED,
         )
+
+
+class JobReopenView(APIView):
+    """An operator reopens a finished job so that it takes new launches again."""
+
+    required_role = "operator"
+
+    @extend_schema(
+        request=s.JobReopenSerializer,
+        responses={
+            200: s.JobSerializer,
+            409: OpenApiResponse(description="the job is not finished: nothing to reopen"),
+        },
+        summary="Reopen a finished job: it takes new launches; its ledger runs on past the finish",
+    )
+    def post(self, request, key):
+        job = _job(key)
+        form = s.JobReopenSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        actor = getattr(request.user, "username", "") or str(request.user)
+        try:
+            services.job_reopen(job=job, actor=actor, reason=form.validated_data.get("reason", ""))
+        except services.JobNotFinished as exc:
+            raise ApiError(409, "not_finished", f"{exc}.", job=exc.job) from exc
+        job = selectors.job_list().get(pk=job.pk)
+        selectors.attach_summaries([job])
+        context = {"goodput": lambda j: selectors.job_goodput(job=j)}
+        return Response(s.JobSerializer(job, context=context).data)
 
 
 class JobViewMixin:
