@@ -84,18 +84,46 @@ def downsample(xs: Sequence, ys: Sequence, max_points: int = MAX_POINTS) -> tupl
     return [xs[i] for i in keep], [ys[i] for i in keep]
 
 
+def significant(value: float, digits: int = 3) -> str:
+    """A number for people: `digits` significant digits, thousands grouped, no trailing
+    zeros and never an exponent (0.541, 0.0000194, 12.3, 1,234). Every page writes a
+    figure it shows twice (a sentence and a table) with this."""
+    if not value or not math.isfinite(value):
+        return "0" if not value else str(value)
+    magnitude = math.floor(math.log10(abs(value)))
+    text = f"{value:,.{max(0, digits - 1 - magnitude)}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
 def gpu_hours(value: float) -> str:
     """GPU-hours for a title or a figure on a page: three significant digits, thousands
     grouped (0.0412, 1.63, 12,270), so a small loss does not read as 0.0."""
-    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+    return f"{value:,.0f}" if value >= 100 else significant(value)
+
+
+def gpu_amount(hours: float) -> str:
+    """GPU time for a sentence, in the unit that reads best: GPU-hours down to 0.01,
+    GPU-seconds below (0.07 GPU-seconds, not 1.94e-05 GPU-hours)."""
+    if hours >= 0.01 or hours == 0:
+        return f"{gpu_hours(hours)} GPU-hours"
+    return f"{significant(hours * 3600.0, 2)} GPU-seconds"
+
+
+def byte_size(n: float) -> str:
+    """A size in decimal units that fit, three significant digits: 48.2 MB, 1.53 TB."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{significant(n / scale)} {unit}"
+    return f"{int(n)} B"
 
 
 def layout(title: str, x_title: str, y_title: str, **extra) -> dict:
     """Every chart has a title, axis titles with units, and a legend."""
     base = {
         "title": {"text": title, "x": 0.01, "xanchor": "left"},  # clear of the tool bar
-        "xaxis": {"title": {"text": x_title}},
-        "yaxis": {"title": {"text": y_title}},
+        # automargin: room for the axis titles, whatever the width of the tick labels.
+        "xaxis": {"title": {"text": x_title}, "automargin": True},
+        "yaxis": {"title": {"text": y_title}, "automargin": True},
         "showlegend": True,
         "legend": {"orientation": "h", "y": -0.25},
         "margin": {"l": 60, "r": 20, "t": 40, "b": 60},

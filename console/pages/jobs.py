@@ -28,8 +28,10 @@ from console.charts import (
     OKABE_ITO,
     chart_script,
     figure,
+    gpu_amount,
     gpu_hours,
     line,
+    significant,
 )
 from console.pages.common import viewer_page
 from incidents import selectors as incident_selectors
@@ -50,6 +52,7 @@ HEATMAP_CELLS = 20_000  # and fewer windows when it has many ranks
 HOVER_CHARS = 200
 CHECKPOINT_BUCKET_STEPS = 8  # checkpoints marked: the latest per 8 step buckets
 SLOW_MARKED = 500  # slow buckets marked, the slowest first
+NEGLIGIBLE_BADPUT = 0.001  # a smaller share of the GPU time gets a sentence, not a chart
 BUCKET = {name: i for i, name in enumerate(BUCKET_COLUMNS)}
 # The charts side by side: title on the left, clear of the tool bar; legend below.
 HALF = {
@@ -128,6 +131,25 @@ def _figure(data, title, x_title, y_title, *, title_size: int | None = None, **e
     if title_size:
         fig["layout"]["title"]["font"] = {"size": title_size}
     return fig
+
+
+def badput_sentence(breakdown: list[dict]) -> str | None:
+    """In words, when the badput is none or negligible (its chart would show nothing:
+    an empty axis of its own); None when a chart shows it."""
+    total = sum(c["gpu_hours"] for c in breakdown)
+    badput = sum(c["gpu_hours"] for c in breakdown if c["name"] != "productive")
+    if total <= 0:
+        return "No GPU time yet."
+    if badput <= 0:
+        return f"No badput: all {gpu_amount(total)} were productive."
+    share = badput / total
+    if share >= NEGLIGIBLE_BADPUT:
+        return None
+    worst = max((c for c in breakdown if c["name"] != "productive"), key=lambda c: c["gpu_hours"])
+    return (
+        f"Next to no badput: {gpu_amount(badput)} ({significant(100 * share, 1)}%) of"
+        f" {gpu_amount(total)}, most of it {worst['label']}; the rest was productive."
+    )
 
 
 def badput_figure(breakdown: list[dict]) -> dict:
@@ -209,6 +231,7 @@ def progress_figure(
     rollback shows as the next launch starting lower."""
     xs: list = []
     ys: list = []
+    by_launch: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # its stretch of the line
     if len(buckets):
         keys, per = buckets.grouped("attempt", "tb")
         ts_lo, ts_hi = per[:, BUCKET["ts_lo"]], per[:, BUCKET["ts_hi"]]
@@ -219,10 +242,11 @@ def progress_figure(
             if xs:  # a gap: the line does not run through the time between launches
                 xs.append((xs[-1] + first_ms) // 2)
                 ys.append(None)
-            xs.append(first_ms)
-            ys.append(int(lo[mine][0]))
-            xs.extend(_ms_list(ts_hi[mine]))
-            ys.extend(hi[mine].astype(np.int64).tolist())
+            launch_x = [first_ms, *_ms_list(ts_hi[mine])]
+            launch_y = [int(lo[mine][0]), *hi[mine].astype(np.int64).tolist()]
+            xs.extend(launch_x)
+            ys.extend(launch_y)
+            by_launch[int(attempt)] = (np.array(launch_x, float), np.array(launch_y, float))
     data = [
         line(
             xs,
@@ -244,13 +268,14 @@ def progress_figure(
         )
         if len(groups) > MAX_POINTS:  # a guard: the groups are bounded by the step buckets
             groups = groups[:: -(-len(groups) // MAX_POINTS)]
+        placed = [_on_the_line(g, by_launch) for g in groups]
         data.append(
             {
                 "type": "scatter",
                 "mode": "markers",
                 "name": name,
-                "x": [_ms(g["at"]) for g in groups],
-                "y": [g["step"] for g in groups],
+                "x": [x for x, _ in placed],
+                "y": [y for _, y in placed],
                 "marker": {"color": colour, "symbol": symbol, "size": 6, "opacity": 0.7},
                 "text": [_checkpoint_hover(g) for g in groups],
                 "hovertemplate": "%{x}<br>%{text}<extra></extra>",
@@ -325,9 +350,26 @@ def progress_figure(
     )
 
 
+def _on_the_line(g: dict, by_launch: dict[int, tuple[np.ndarray, np.ndarray]]) -> tuple:
+    """Where a checkpoint sits on its launch's stretch of the progress line: at the time
+    the line reaches its step (its launch's steps only rise). A step outside the
+    stretch (saved before the launch's first step was reported) sits at its save time,
+    at the height of the line then."""
+    x, y = _ms(g["at"]), g["step"]
+    stretch = by_launch.get(g["attempt"])
+    if stretch is None:
+        return x, y
+    times, steps = stretch
+    if steps[0] <= y <= steps[-1]:
+        return round(float(np.interp(y, steps, times))), y
+    return x, round(float(np.interp(x, times, steps)), 2)
+
+
 def _checkpoint_hover(g: dict) -> str:
     durable = "durable" if g["durable"] else "not durable"
     text = f"checkpoint of step {g['step']:,} ({durable}), launch {g['attempt']}"
+    if g["at"]:
+        text += f"<br>saved {g['at']:%Y-%m-%d %H:%M:%S} UTC"
     if g["n"] > 1:
         text += f"<br>latest of {g['n']} in steps {g['first_step']:,} to {g['step']:,}"
     return text
@@ -695,8 +737,9 @@ def job_detail(request, key):
 
     timeline = selectors.job_goodput_timeline(buckets=buckets, figures=figures)
     end_ts = timeline["t_end"] if timeline else job.last_event_ts
+    no_badput = badput_sentence(breakdown)
     charts = [
-        ("badput", badput_figure(breakdown)),
+        *([] if no_badput else [("badput", badput_figure(breakdown))]),
         ("goodput", goodput_time_figure(timeline)),
         (
             "progress",
@@ -715,6 +758,7 @@ def job_detail(request, key):
             "job": job,
             "figures": figures,
             "breakdown": breakdown,
+            "no_badput": no_badput,
             "charts": scripts,
             "launches": listed,
             "launches_total": launches["total"],

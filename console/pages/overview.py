@@ -14,6 +14,7 @@ from collections import Counter
 from html import escape
 from urllib.parse import quote
 
+from django.core.cache import cache
 from django.shortcuts import render
 from django.urls import path, reverse
 from django.utils.safestring import mark_safe
@@ -23,6 +24,7 @@ from console.pages.common import viewer_page
 from incidents.models import Incident
 from incidents.selectors import incident_list, lost_gpu_hours_recent
 from jobs import selectors as jobs
+from jobs.accounting import job_ledger
 from jobs.models import Node, TrainingJob
 from recovery.models import Action
 from recovery.selectors import action_list
@@ -31,6 +33,13 @@ JOBS_MAX = 200
 INCIDENTS_MAX = 15
 APPROVALS_MAX = 5
 RECENT_WINDOW_S = 3600.0
+# A job whose current launch does not cover the last hour (it restarted, or began,
+# inside it) gets that hour's exact figure from its ledger over the window: for at most
+# EXACT_MAX jobs a page, of at most EXACT_STEPS_MAX steps (a 1,000,000-step ledger
+# takes a second), each cached per job revision. Past that, the lower bound says so.
+EXACT_MAX = 10
+EXACT_STEPS_MAX = 200_000
+EXACT_CACHE_S = 600
 
 # The grid's cue besides colour: a letter per state (active, the usual state, is plain).
 STATE_LETTERS = {
@@ -96,19 +105,75 @@ def node_grid() -> list[dict]:
     return list(clusters.values())
 
 
+def _exact_recent(job: TrainingJob, start: float, end: float) -> float | None:
+    """The ledger's goodput over [start, end], cached per job revision."""
+    key = f"overview-last-hour-{job.pk}-{job.revision}-{start}-{end}"
+    value = cache.get(key)
+    if value is None:
+        value = {"goodput": job_ledger(job, start=start, end=end).goodput}
+        cache.set(key, value, EXACT_CACHE_S)
+    return value["goodput"]
+
+
+def last_hour(job: TrainingJob, recent: dict | None, exact_left: int) -> dict | None:
+    """The last hour's goodput as the page shows it: the figure, whether it is a lower
+    bound, and in plain words why it is what it is (`note`, shown; `title`, on hover)."""
+    if recent is None or recent["goodput"] is None:
+        return None
+    window = f"{RECENT_WINDOW_S / 60:.0f} min"
+    out = {
+        **recent,
+        "note": "",
+        "title": f"productive time / elapsed time over the job's last {window} (its own"
+        " clock): the current launch stepped through all of it, so this is its ledger's"
+        " figure",
+    }
+    if not recent["lower_bound"]:
+        return out
+    if job.current_attempt_id is None:  # job_list's annotation: no query
+        out["note"] = "no launch recorded: nothing counted as productive"
+        out["title"] = "a lower bound: the job's events name no launch"
+        return out
+    began = job.first_event_ts is not None and job.first_event_ts >= recent["start"]
+    what = "began inside the hour" if began else "restarted inside the hour"
+    cheap = job.last_step is None or job.last_step <= EXACT_STEPS_MAX
+    exact = _exact_recent(job, recent["start"], recent["end"]) if exact_left > 0 and cheap else None
+    if exact is not None:
+        out["goodput"] = exact
+        out["lower_bound"] = False
+        out["exact"] = True
+        out["note"] = f"{what}: exact, from its ledger"
+        out["title"] = (
+            f"productive time / elapsed time over the job's last {window} (its own clock),"
+            f" from its ledger over that window: the job {what}, so the launch before,"
+            " the downtime and the restart are in it"
+        )
+        return out
+    out["note"] = f"{what}: at least this; the time before the current launch is not counted"
+    out["title"] = (
+        f"a lower bound: the job {what}, and this page counts only the current launch's"
+        f" steps in the last {window}, as if the time before it produced nothing. The"
+        " job's page has the exact figure (its goodput over time, sliding hour)"
+    )
+    return out
+
+
 def running_jobs() -> tuple[list[dict], int]:
     qs = jobs.job_list(status=TrainingJob.Status.RUNNING)
     page = list(qs[:JOBS_MAX])
     total = qs.count()
     recent = jobs.jobs_recent_goodput(jobs=page, window_s=RECENT_WINDOW_S)
     rows = []
+    exact_left = EXACT_MAX
     for job in page:
         # The cached snapshot only (possibly a few seconds stale, refreshed after
         # ingest): a job whose ledger was never computed shows none rather than this
         # page computing it.
         cached = hasattr(job, "ledger")  # select_related: no query either way
         cumulative = jobs.job_goodput(job=job, allow_stale=True) if cached else None
-        rows.append({"job": job, "cumulative": cumulative, "recent": recent.get(job.pk)})
+        hour = last_hour(job, recent.get(job.pk), exact_left)
+        exact_left -= bool(hour and hour.get("exact"))
+        rows.append({"job": job, "cumulative": cumulative, "recent": hour})
     return rows, total
 
 

@@ -2,7 +2,9 @@
 
 from django import template
 
+from console.charts import byte_size as _byte_size
 from console.charts import gpu_hours as _gpu_hours
+from console.charts import significant as _significant
 
 register = template.Library()
 
@@ -13,3 +15,19 @@ def gpu_hours(value) -> str:
     if value is None or value == "":
         return "\u2013"  # an en dash: no figure
     return _gpu_hours(float(value))
+
+
+@register.filter
+def significant(value, digits=3) -> str:
+    """A number with `digits` significant digits and no exponent (console.charts)."""
+    if value is None or value == "":
+        return "\u2013"
+    return _significant(float(value), int(digits))
+
+
+@register.filter
+def byte_size(value) -> str:
+    """Bytes in the unit that fits: 48.2 MB, 1.53 TB."""
+    if value is None or value == "":
+        return "\u2013"
+    return _byte_size(float(value))

@@ -148,7 +148,8 @@ def test_roles_see_the_overview(client, personas, persona):
     assert html.count("data-live-node=") == 7  # 8 nodes, the retired one not drawn
     assert "GPU-hours lost today" in html and "Waiting for approval" in html
     # The seeded job stepped all hour but for a 36 s save: 99%, exact (no "≥").
-    assert '<td class="num">99%</td>' in html and '<td class="num">≥' not in html
+    assert re.search(r'<span title="[^"]*">99%</span></td>', html)
+    assert "≥ " not in html.split('class="note"')[0]
 
 
 def test_outsiders_are_refused_and_strangers_sent_to_sign_in(client, personas):
@@ -221,7 +222,7 @@ def test_running_jobs_show_cumulative_and_last_hour_goodput(client, personas):
     row = re.search(r"<tr>\s*<td><a href=\"/jobs/llm-a/\">.*?</tr>", html, re.S).group(0)
     assert ">83%<" in row and ">81%<" in row  # the cached ledger
     # No launch rows: the last hour is unknown-to-zero, said to be a lower bound.
-    assert "≥ 0%" in row
+    assert "≥ 0%" in row and "no launch recorded" in row
     row_b = re.search(r"<tr>\s*<td><a href=\"/jobs/llm-b/\">.*?</tr>", html, re.S).group(0)
     assert "not computed yet" in row_b  # no snapshot: the page does not compute it
     assert LedgerSnapshot.objects.filter(job__key="llm-b").count() == 0
@@ -395,3 +396,34 @@ def test_the_query_count_does_not_grow_with_nodes_jobs_incidents(
     assert many == few
     with django_assert_max_num_queries(17):
         assert client.get("/").status_code == 200
+
+
+def test_a_restart_inside_the_hour_gets_the_exact_figure_or_says_why_not(
+    client, personas, ingest, monkeypatch
+):
+    from console.pages import overview
+
+    # Its second launch began 20 minutes before its last event: the current launch
+    # alone does not cover the hour.
+    events = launch("fresh", 1, T0, until=T0 + 4000, saves={100: 4.0}, end=T0 + 4100)
+    events += launch("fresh", 2, T0 + 4200, until=T0 + 5400, step0=101, restore=True)
+    assert ingest(events).status_code in (200, 202)
+    fresh = TrainingJob.objects.get(key="fresh")
+    exact = job_ledger(fresh, start=fresh.last_event_ts - 3600).goodput
+    client.force_login(personas["viewer"].user)
+
+    def last_hour_cell() -> str:
+        html = client.get("/").content.decode()
+        row = re.search(r"<tr>\s*<td><a href=\"/jobs/fresh/\">.*?</tr>", html, re.S).group(0)
+        return re.findall(r"<td class=\"num\".*?</td>", row, re.S)[-1]
+
+    cell = last_hour_cell()
+    assert f">{round(100 * exact)}%" in cell and "≥" not in cell
+    assert "restarted inside the hour" in cell  # said on the page, not only in a tooltip
+    assert 'title="' in cell
+
+    # Past what the page recomputes, the lower bound stays, and says what it leaves out.
+    monkeypatch.setattr(overview, "EXACT_MAX", 0)
+    cell = last_hour_cell()
+    assert "≥" in cell and "restarted inside the hour" in cell
+    assert "time before the current launch" in cell
