@@ -37,8 +37,14 @@ def alive(pid: int) -> bool:
 
 def test_a_supervised_command_that_dies_is_restarted_and_logged_and_stopping_stops_it(tmp_path):
     log, pidfile = tmp_path / "worker.log", tmp_path / "pid"
-    # A stand-in for the worker: writes its pid, then waits to be killed.
-    child = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)"
+    # A stand-in for the worker: starts a process of its own (as Celery's embedded beat),
+    # writes both pids, then waits to be killed.
+    child = (
+        "import os, subprocess, sys, time;"
+        "kid = subprocess.Popen(['sleep', '600']);"
+        "open(sys.argv[1] + '.kid', 'a').write(f'{kid.pid}\\n');"
+        "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)"
+    )
     sup = subprocess.Popen(
         [str(SUPERVISE), str(log), sys.executable, "-c", child, str(pidfile)],
         stdin=subprocess.DEVNULL,
@@ -61,9 +67,14 @@ def test_a_supervised_command_that_dies_is_restarted_and_logged_and_stopping_sto
         while alive(third) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not alive(third), "the supervised command outlived its supervisor"
+        kids = [int(line) for line in Path(f"{pidfile}.kid").read_text().split()]
+        assert len(kids) == 3 and not any(alive(k) for k in kids), "what it started lives on"
     finally:
         if sup.poll() is None:
             sup.kill()
-        for pid in filter(None, [pidfile.exists() and int(pidfile.read_text() or 0)]):
-            if alive(pid):
+        pids = [int(pidfile.read_text() or 0)] if pidfile.exists() else []
+        kids = Path(f"{pidfile}.kid")
+        pids += [int(line) for line in kids.read_text().split()] if kids.exists() else []
+        for pid in pids:
+            if pid and alive(pid):
                 os.kill(pid, signal.SIGKILL)
