@@ -61,6 +61,10 @@ class Node(models.Model):
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)  # on the job's clock
     # When the console last received a heartbeat from it (its own clock), for the sweep.
     last_heard_at = models.DateTimeField(null=True, blank=True)
+    # Made by a person (the admin, `set_node_state --create`) rather than by ingest
+    # naming it: storm protection counts a cluster's nodes as the registered ones and
+    # those heard from lately, so a batch naming made-up nodes cannot raise its limit.
+    registered = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     state_changed_at = models.DateTimeField(auto_now_add=True)
 

@@ -196,7 +196,10 @@ def _ensure_nodes(cluster_id: int, names: set[str]) -> dict[str, int]:
     )
     if len(found) < len(names):
         Node.objects.bulk_create(
-            [Node(cluster_id=cluster_id, name=n) for n in sorted(names - found.keys())],
+            [
+                Node(cluster_id=cluster_id, name=n, registered=False)
+                for n in sorted(names - found.keys())
+            ],
             ignore_conflicts=True,
         )
         found = dict(

@@ -32,7 +32,15 @@ class ActionAdmin(admin.ModelAdmin):
 
 @admin.register(ClusterRecoverySettings)
 class ClusterRecoverySettingsAdmin(admin.ModelAdmin):
-    list_display = ["cluster", "driver", "paused", "pause_reason", "dry_run", "storm_max_share"]
+    list_display = [
+        "cluster",
+        "driver",
+        "paused",
+        "pause_reason",
+        "dry_run",
+        "storm_max_share",
+        "storm_max_nodes",
+    ]
 
 
 @admin.register(RecoveryPolicy)

@@ -209,6 +209,12 @@ class ClusterRecoverySettings(models.Model):
     storm_max_share = models.FloatField(
         default=0.10, help_text="automatic isolation stops above this share of the nodes"
     )
+    storm_max_nodes = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        default=10,
+        help_text="and above this many nodes, whatever the cluster's size (empty: no cap)",
+    )
     storm_window_s = models.FloatField(default=600.0)
     cooldown_s = models.FloatField(
         default=900.0, help_text="no automatic action on a target this soon after one failed"

@@ -7,15 +7,28 @@ from collections import defaultdict
 
 from django.db.models import Count, F, OuterRef, Prefetch, Q, QuerySet, Subquery, Window
 from django.db.models.functions import RowNumber
+from django.utils import timezone
 
 from incidents.models import Incident, TimelineEntry
-from jobs.models import Attempt, Checkpoint, Node, TrainingJob
+from jobs.models import Attempt, Checkpoint, Node, RankWindow, TrainingJob
 from recovery import guardrails
 from recovery.models import Action, ActionAudit, ClusterRecoverySettings
 
 K = Action.Kind
-# Kinds whose run relaunches the job: the progress since its last checkpoint is lost.
-RESTARTING = frozenset({K.RESTART_JOB, K.ROLLBACK, K.REPLACE_NODE, K.SCALE_DOWN, K.DRAIN_NODE})
+# Kinds whose run relaunches the job: the progress since its last checkpoint is lost
+# (for a replacement at the next checkpoint, only what comes after that checkpoint).
+RESTARTING = frozenset(
+    {
+        K.RESTART_JOB,
+        K.ROLLBACK,
+        K.REPLACE_NODE,
+        K.REPLACE_AT_NEXT_CHECKPOINT,
+        K.SCALE_DOWN,
+        K.DRAIN_NODE,
+    }
+)
+# Kinds that move a job off some of its nodes: the ranks there are the ones replaced.
+OFF_NODES = frozenset({K.REPLACE_NODE, K.REPLACE_AT_NEXT_CHECKPOINT, K.SCALE_DOWN})
 
 
 def cluster_settings(cluster_id: int) -> ClusterRecoverySettings:
@@ -114,6 +127,49 @@ def _jobs_on(node: Node) -> list[TrainingJob]:
     return out
 
 
+def ranks_on_nodes(wanted) -> dict[tuple[int, int], list[int]]:
+    """The ranks each (job, launch number, node) ran, by (job id, node id), from the
+    launch's rank windows: one query for all."""
+    where = Q()
+    for job_id, number, node_id in wanted:
+        where |= Q(job_id=job_id, attempt=number, node_id=node_id)
+    if not where:
+        return {}
+    out: dict[tuple[int, int], set[int]] = defaultdict(set)
+    for job_id, node_id, rank in (
+        RankWindow.objects.filter(where).values_list("job_id", "node_id", "rank").distinct()
+    ):
+        out[(job_id, node_id)].add(rank)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def rank_ranges(ranks: list[int]) -> str:
+    """Sorted ranks as runs joined by an en dash: [0, 1, 2, 5] -> "0-2, 5" (with the dash)."""
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ", ".join(f"{a}" if a == b else f"{a}\N{EN DASH}{b}" for a, b in runs)
+
+
+def _off_nodes(action: Action, by_name=None) -> list[Node]:
+    """The nodes a replacement or a scale-down moves its job off."""
+    if action.kind not in OFF_NODES:
+        return []
+    nodes = [action.node] if action.node_id else []
+    for name in _param_nodes(action):
+        n = (
+            by_name.get((action.cluster_id, name))
+            if by_name is not None
+            else Node.objects.filter(cluster_id=action.cluster_id, name=name).first()
+        )
+        if n is not None and n not in nodes:
+            nodes.append(n)
+    return nodes
+
+
 def action_evidence(action: Action) -> dict:
     """What an approver needs: the incident, the nodes and jobs affected, and the
     GPU-hours at stake (progress since the last checkpoint that a relaunch loses)."""
@@ -126,10 +182,19 @@ def action_evidence(action: Action) -> dict:
     if action.node_id and action.kind in (K.DRAIN_NODE, K.CORDON_NODE):
         jobs += [j for j in _jobs_on(action.node) if j.pk != action.job_id]
     restarting = action.kind in RESTARTING
+    relaunched = [j for j in jobs if j.status not in guardrails.FINISHED_JOB]
     at_stake = None
-    if restarting and jobs:
+    if restarting and relaunched:
         from_step = action.params.get("step") if action.kind == K.ROLLBACK else None
-        at_stake = {j.key: gpu_hours_at_stake(job=j, from_step=from_step) for j in jobs}
+        at_stake = {j.key: gpu_hours_at_stake(job=j, from_step=from_step) for j in relaunched}
+    off = _off_nodes(action)
+    job_rows = []
+    for j in jobs:
+        row = _job(j)
+        latest = row["attempt"]
+        ranks = ranks_on_nodes({(j.pk, latest, n.pk) for n in off} if latest else set())
+        row["ranks_on_nodes"] = {n.name: ranks[(j.pk, n.pk)] for n in off if (j.pk, n.pk) in ranks}
+        job_rows.append(row)
     seen = set()
     node_rows = []
     for n in nodes:
@@ -141,8 +206,8 @@ def action_evidence(action: Action) -> dict:
     return {
         "incident": _incident(incident) if incident is not None else None,
         "nodes": node_rows,
-        "jobs": [_job(j) for j in jobs],
-        "restarts_jobs": restarting,
+        "jobs": job_rows,
+        "restarts_jobs": restarting and bool(relaunched),
         "gpu_hours_at_stake": (
             round(sum(v["gpu_hours"] for v in at_stake.values()), 6) if at_stake else 0.0
         ),
@@ -198,22 +263,19 @@ def _param_nodes(action: Action) -> list[str]:
     return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
 
 
-def cluster_guardrails(cluster_ids) -> dict[int, dict]:
-    """Per cluster: the pause switch, the unhealthy share of its nodes against the
-    storm limit, and the spare pool left (spares no action holds, less those promised
-    to replacements): three queries whatever the number of clusters."""
+def cluster_guardrails(cluster_ids, *, now=None) -> dict[int, dict]:
+    """Per cluster: the pause switch, the storm state (the nodes unhealthy or isolated
+    within the window against the nodes it has and its limits: guardrails.storm_state,
+    as the automatic path reads it) and the spare pool left (spares no action holds,
+    less those promised to replacements). A few queries per cluster."""
+    now = now or timezone.now()
     ids = set(cluster_ids)
     cfgs = {c.cluster_id: c for c in ClusterRecoverySettings.objects.filter(cluster_id__in=ids)}
-    nodes = {
-        row["cluster_id"]: row
-        for row in Node.objects.filter(cluster_id__in=ids)
-        .exclude(state=Node.State.RETIRED)
+    spares = {
+        row["cluster_id"]: row["n"]
+        for row in Node.objects.filter(cluster_id__in=ids, state=Node.State.SPARE)
         .values("cluster_id")
-        .annotate(
-            total=Count("id"),
-            unhealthy=Count("id", filter=Q(state__in=guardrails.UNHEALTHY_NODE_STATES)),
-            spares=Count("id", filter=Q(state=Node.State.SPARE)),
-        )
+        .annotate(n=Count("id"))
     }
     held = {
         row["cluster_id"]: row
@@ -234,23 +296,27 @@ def cluster_guardrails(cluster_ids) -> dict[int, dict]:
     out = {}
     for cid in ids:
         cfg = cfgs.get(cid) or ClusterRecoverySettings(cluster_id=cid)
-        n = nodes.get(cid, {})
+        storm = guardrails.storm_state(cid, guardrails.Context(cfg, now))
         h = held.get(cid, {})
-        total, unhealthy = n.get("total", 0), n.get("unhealthy", 0)
-        allowed = guardrails.storm_allowed(cfg.storm_max_share, total)
-        free = n.get("spares", 0) - h.get("spares_held", 0)
+        hit = len(storm.hit)
+        free = spares.get(cid, 0) - h.get("spares_held", 0)
         out[cid] = {
+            "settings": cfg,
             "paused": cfg.paused,
             "pause_reason": cfg.pause_reason,
             "paused_by": cfg.paused_by,
             "paused_at": cfg.paused_at,
             "dry_run": cfg.dry_run,
-            "nodes": total,
-            "unhealthy": unhealthy,
-            "unhealthy_share": unhealthy / total if total else 0.0,
+            "nodes": storm.nodes,
+            "unhealthy": hit,
+            "unhealthy_share": hit / storm.nodes if storm.nodes else 0.0,
+            "storm_window_min": storm.window_s / 60,
             "storm_max_share": cfg.storm_max_share,
-            "storm_allowed": allowed,
-            "storm": unhealthy > allowed,
+            "storm_max_nodes": cfg.storm_max_nodes,
+            "storm_allowed": storm.allowed,
+            "storm_capped": storm.capped,
+            "storm": storm.over,
+            "heard_within_min": guardrails.HEARD_WITHIN_S / 60,
             "spares": free,
             "promised": h.get("promised", 0),
             "spares_left": max(0, free - h.get("promised", 0)),
@@ -376,7 +442,21 @@ def approval_queue(*, limit: int = 50) -> dict:
         ):
             signals[entry.incident_id].append(entry)
 
-    clusters = cluster_guardrails({a.cluster_id for a in actions})
+    now = timezone.now()
+    clusters = cluster_guardrails({a.cluster_id for a in actions}, now=now)
+    # What would stop an approval now, as action_approve decides it.
+    facts = guardrails.Facts(actions)
+
+    # The ranks of each job on the nodes a replacement or scale-down moves it off.
+    off = {a.pk: _off_nodes(a, by_name) for a in actions}
+    ranks_on = ranks_on_nodes(
+        {
+            (a.job_id, attempts[jobs[a.job_id].attempt_pk].number, n.pk)
+            for a in actions
+            if a.job_id in jobs and jobs[a.job_id].attempt_pk in attempts
+            for n in off[a.pk]
+        }
+    )
 
     items = []
     for a in actions:
@@ -390,23 +470,37 @@ def approval_queue(*, limit: int = 50) -> dict:
         for jid in affected(a):
             job = jobs[jid]
             attempt = attempts.get(job.attempt_pk)
+            finished = job.status in guardrails.FINISHED_JOB
             row = {
                 "job": job,
                 "attempt": attempt,
                 "nodes": attempt_nodes.get(attempt.pk, []) if attempt else [],
                 "world_size": (attempt.world_size if attempt else None) or 0,
+                "finished": finished,
                 "stake": None,
+                "ranks_off": [
+                    {
+                        "node": n.name,
+                        "ranks": ranks_on.get((jid, n.pk), []),
+                        "text": rank_ranges(ranks_on.get((jid, n.pk), [])),
+                    }
+                    for n in off[a.pk]
+                    if jid == a.job_id
+                ],
             }
-            if restarting:
+            if restarting and not finished:
                 if a.kind == K.ROLLBACK:
                     ckpt = rollback_ckpts.get((jid, a.params.get("step")))
                 else:
                     ckpt = ckpts.get(job.ckpt_pk)
                 row["stake"] = stake_figures(job=job, attempt=attempt, checkpoint=ckpt)
             job_rows.append(row)
+        relaunched = [r for r in job_rows if not r["finished"]]
         stakes = [r["stake"] for r in job_rows if r["stake"]]
         lost_steps = [s["steps_lost"] for s in stakes if s["steps_lost"] is not None]
         incident = a.incident
+        cfg = clusters[a.cluster_id]["settings"]
+        blocker = guardrails.decision_block(a, guardrails.Context(cfg, now, facts))
         items.append(
             {
                 "action": a,
@@ -417,12 +511,15 @@ def approval_queue(*, limit: int = 50) -> dict:
                 "nodes": nodes,
                 "jobs": job_rows,
                 "relaunches": restarting,  # the kind relaunches the jobs it touches
-                "restarts": restarting and bool(job_rows),
-                "ranks_restarting": sum(r["world_size"] for r in job_rows) if restarting else 0,
+                "restarts": restarting and bool(relaunched),
+                "at_next_checkpoint": a.kind == K.REPLACE_AT_NEXT_CHECKPOINT,
+                "ranks_restarting": sum(r["world_size"] for r in relaunched) if restarting else 0,
                 "gpu_hours": round(sum(s["gpu_hours"] for s in stakes), 6),
                 "seconds_lost": round(sum(s["seconds_lost"] for s in stakes), 3),
                 "steps_lost": sum(lost_steps) if lost_steps else None,
                 "guardrails": clusters[a.cluster_id],
+                # (guardrail, reason) that stops an approval now, or None.
+                "blocker": blocker,
             }
         )
     return {"total": total, "items": items}

@@ -223,7 +223,7 @@ def _lock_settings(cluster_id: int) -> ClusterRecoverySettings:
     return ClusterRecoverySettings.objects.select_for_update().get(cluster_id=cluster_id)
 
 
-def _validate(kind, cluster, node, job, params) -> None:
+def _validate(kind, cluster, node, job, params, incident) -> None:
     def invalid(field, detail):
         raise Refused("invalid", detail, status=400, field=field)
 
@@ -233,6 +233,8 @@ def _validate(kind, cluster, node, job, params) -> None:
         invalid("node", f"node {node.name} is not a node of cluster {cluster.name}")
     if job is not None and job.cluster_id != cluster.pk:
         invalid("job", f"job {job.key} runs on another cluster than {cluster.name}")
+    if incident is not None and incident.cluster_id != cluster.pk:
+        invalid("incident", f"incident #{incident.pk} is of another cluster than {cluster.name}")
     if kind in NODE_KINDS | JOB_AND_NODE_KINDS and node is None:
         invalid("node", f"{kind} needs a node")
     if kind in JOB_KINDS | JOB_AND_NODE_KINDS | {K.SCALE_DOWN} and job is None:
@@ -247,6 +249,16 @@ def _validate(kind, cluster, node, job, params) -> None:
             not isinstance(names, list) or not all(isinstance(n, str) for n in names)
         ):
             invalid("params", "params.nodes must be a list of node names")
+        if names:
+            known = set(
+                Node.objects.filter(cluster=cluster, name__in=names).values_list("name", flat=True)
+            )
+            foreign = sorted(set(names) - known)
+            if foreign:
+                invalid(
+                    "params.nodes",
+                    f"not nodes of cluster {cluster.name}: {', '.join(foreign[:10])}",
+                )
 
 
 def action_propose(
@@ -270,7 +282,7 @@ def action_propose(
     stopped it named. Raises Refused: `invalid` (400), `lease` when another action
     holds the node or job, `duplicate` when a policy already proposed it."""
     params = dict(params or {})
-    _validate(kind, cluster, node, job, params)
+    _validate(kind, cluster, node, job, params, incident)
     if kind == K.REPLACE_AT_NEXT_CHECKPOINT and job is not None:
         params.setdefault("after_step", _latest_durable_step(job))
     with transaction.atomic():
@@ -360,9 +372,11 @@ def action_approve(*, action: Action, actor: str, user=None, comment: str = "") 
     if action.state != S.AWAITING_APPROVAL:
         raise Refused("invalid_state", f"action #{action.pk} is {action.state}, not awaiting")
     ctx = guardrails.Context(cluster_settings(action.cluster_id), timezone.now())
-    blocked = guardrails.first_block(action, ctx, (guardrails.lease, *guardrails.ALWAYS))
+    blocked = guardrails.decision_block(action, ctx)
     if blocked:
-        raise Refused("guardrail", blocked[1], guardrail=blocked[0])
+        name, why = blocked
+        _retire(action, name=name, why=why)
+        raise Refused("guardrail", why, guardrail=name, state=action.state)
     with transaction.atomic():
         try:
             done = action_transition(
@@ -407,10 +421,24 @@ def _back_to_queue(action: Action, *, actor: str, name: str, why: str) -> bool:
     )
 
 
+def _retire(action: Action, *, name: str, why: str) -> bool:
+    """An approval that can no longer be given ends here, audited: `expired` past its
+    expiry, `moved_on` (its target finished or moved on) cancelled. Other guardrails
+    leave it waiting. True when this call moved it."""
+    to = {"expired": S.EXPIRED, "moved_on": S.CANCELLED}.get(name)
+    if to is None:
+        return False
+    return action_transition(action=action, to=to, actor="rebound:guardrail", why=why)
+
+
 def action_reject(*, action: Action, actor: str, user=None, comment: str) -> Action:
     action = _fresh(action)
     if action.state != S.AWAITING_APPROVAL:
         raise Refused("invalid_state", f"action #{action.pk} is {action.state}, not awaiting")
+    late = guardrails.expired(action, guardrails.Context(None, timezone.now()))
+    if late:
+        _retire(action, name="expired", why=late)
+        raise Refused("guardrail", late, guardrail="expired", state=action.state)
     if not action_transition(
         action=action,
         to=S.REJECTED,
@@ -433,6 +461,22 @@ def action_cancel(*, action: Action, actor: str, comment: str = "") -> Action:
     ):
         raise Refused("conflict", f"action #{action.pk} changed meanwhile; reload it")
     return action
+
+
+def approvals_retire(*, now=None, limit: int = 500) -> list[int]:
+    """Approvals whose target finished or moved on (guardrails.moved_on): cancelled,
+    saying why, in the audit and on the incident's timeline."""
+    now = now or timezone.now()
+    waiting = list(
+        Action.objects.filter(state=S.AWAITING_APPROVAL).order_by("created_at", "id")[:limit]
+    )
+    ctx = guardrails.Context(None, now, guardrails.Facts(waiting))
+    retired = []
+    for action in waiting:
+        why = guardrails.moved_on(action, ctx)
+        if why and _retire(action, name="moved_on", why=why):
+            retired.append(action.pk)
+    return retired
 
 
 def approvals_expire(*, now=None) -> list[int]:
@@ -592,8 +636,8 @@ def action_follow_up(*, action: Action) -> list[Action]:
 @dataclass(frozen=True)
 class Outcome:
     """What one execution did: skipped (not queued: a repeat), held (paused), returned
-    (back to the approval queue), waiting (for a checkpoint), retry (after
-    `retry_in` s), succeeded, failed."""
+    (back to the approval queue), cancelled (its target finished or moved on), waiting
+    (for a checkpoint), retry (after `retry_in` s), succeeded, failed."""
 
     what: str
     retry_in: float | None = None
@@ -710,6 +754,10 @@ def action_execute(*, action_id: int) -> Outcome:
                 blocked_by="pause", blocked_reason=held, deadline=now + timedelta(seconds=HOLD_S)
             )
             return Outcome("held")
+        gone = guardrails.moved_on(action, ctx)
+        if gone:
+            action_transition(action=action, to=S.CANCELLED, actor="rebound:guardrail", why=gone)
+            return Outcome("cancelled")
         checks = (
             (guardrails.stale,)
             + (guardrails.AUTOMATIC if guardrails.automatic(action) else ())
@@ -762,13 +810,16 @@ def action_execute(*, action_id: int) -> Outcome:
             logger.exception("action #%s: the driver call raised", action.pk)
         return _fail(action, f"{type(exc).__name__}: {exc}", exc)
 
+    why = "dry run: nothing was done" if action.dry_run else "done"
+    data = None
+    if action.kind in JOB_AND_NODE_KINDS and action.spare_id:
+        # Which spare took the node's place: on the row, its output and its audit.
+        output = {**output, "spare": action.spare.name}
+        data = {"spare": action.spare.name}
+        why += f": {action.node.name} replaced by spare {action.spare.name}"
     with transaction.atomic():
         done = action_transition(
-            action=action,
-            to=S.SUCCEEDED,
-            actor="rebound:worker",
-            why="dry run: nothing was done" if action.dry_run else "done",
-            output=output,
+            action=action, to=S.SUCCEEDED, actor="rebound:worker", why=why, output=output, data=data
         )
         if done and not action.dry_run:
             states = _apply_node_states(action)

@@ -56,7 +56,11 @@ def reconcile() -> None:
 
 @shared_task(name="recovery.expire_approvals", time_limit=60, ignore_result=True)
 def expire_approvals() -> None:
-    """Periodic (Celery beat): approvals not given in time expire."""
+    """Periodic (Celery beat): approvals not given in time expire; those whose target
+    finished or moved on are retired (cancelled, saying why)."""
     expired = services.approvals_expire()
     if expired:
         logger.info("approvals expired: %s", expired)
+    retired = services.approvals_retire()
+    if retired:
+        logger.info("approvals retired (target finished or moved on): %s", retired)

@@ -81,6 +81,11 @@ class EvidenceJobSerializer(serializers.Serializer):
     world_size = serializers.IntegerField(allow_null=True)
     nodes = serializers.ListField(child=serializers.CharField())
     last_step = serializers.IntegerField(allow_null=True)
+    ranks_on_nodes = serializers.DictField(
+        child=serializers.ListField(child=serializers.IntegerField()),
+        help_text="a replacement or scale-down: the job's ranks on each node it leaves"
+        " (from its latest launch's rank windows)",
+    )
 
 
 class AtStakeSerializer(serializers.Serializer):
@@ -167,6 +172,7 @@ class ClusterRecoverySerializer(serializers.ModelSerializer):
             "paused_at",
             "dry_run",
             "storm_max_share",
+            "storm_max_nodes",
             "storm_window_s",
             "cooldown_s",
             "approval_ttl_s",

@@ -59,7 +59,8 @@ REFUSALS = {
     404: OpenApiResponse(description="no such action"),
     409: OpenApiResponse(
         description="invalid_state, conflict (changed meanwhile), guardrail (named in"
-        " `guardrail`), stale (back in the approval queue)"
+        " `guardrail`: expired and moved_on also end the action, its new `state` given),"
+        " stale (back in the approval queue)"
     ),
 }
 

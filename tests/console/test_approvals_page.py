@@ -113,7 +113,7 @@ def test_the_queue_shows_each_action_with_its_evidence(client, personas, waiting
     # 200 s since the checkpoint of step 80, x 16 GPUs.
     assert "<b>0.889 GPU-hours</b> · 20 steps · 200 s since the checkpoint" in html
     assert "back to step 80 from 100" in html
-    assert "0 of 12 (0%) · storm limit 10% (1 node)" in html
+    assert "0 of 12 (0%) · storm limit 10%, at most 10 nodes (1 node)" in html
     assert "2 (2 free spares, 0 promised)" in html  # the spare pool left
     assert "Requested by <b>operator</b>" in html and "expires" in html
     assert "n02 is gone" in html
@@ -134,7 +134,7 @@ def test_a_blocked_action_names_its_guardrail_and_the_cluster_pause_shows(
     html = page(client, operator2)
     assert "Blocked by guardrail <code>storm</code></b>: storm: 3 of 12" in html
     assert "paused</b> by admin: maintenance" in html
-    assert "2 of 12 (17%) · storm limit 10% (1 node): over it" in html
+    assert "2 of 12 (17%) · storm limit 10%, at most 10 nodes (1 node): over it" in html
 
 
 def test_the_requester_sees_approve_disabled_with_the_reason(client, personas, waiting, operator2):
@@ -345,12 +345,12 @@ def test_the_query_count_does_not_grow_with_the_queue(
 ):
     decide_some(personas, variety(personas, cluster, nodes, "a"))
     client.force_login(operator2)
-    with django_assert_max_num_queries(24) as few:
+    with django_assert_max_num_queries(32) as few:
         assert client.get(URL).status_code == 200
     for i in range(7):  # 28 more waiting, over the page's cap, and more decided
         decide_some(personas, variety(personas, cluster, nodes, f"b{i}"))
     assert Action.objects.filter(state=S.AWAITING_APPROVAL).count() > 25
-    with django_assert_max_num_queries(24) as many:
+    with django_assert_max_num_queries(32) as many:
         html = client.get(URL).content.decode()
     assert "showing 25 of " in html
     # The count of waiting actions is the one query a full page adds.
@@ -363,3 +363,111 @@ def test_an_expired_approval_is_listed_as_decided(client, personas, waiting, ope
     html = page(client, operator2)
     decided = html[html.index("Recently decided") :]
     assert "<td>expired</td><td>rebound:expiry</td>" in decided
+
+
+# --- guardrails checked before Approve is offered -------------------------------------
+
+
+def approve_control(html: str, action) -> str:
+    """The card's Approve control (a button, or a disabled input) and what follows it."""
+    card = html[html.index(f'id="action-{action.pk}"') :]
+    card = card[: card.index("</article>")]
+    return card[card.rindex("<", 0, card.index('class="approve"')) :]
+
+
+def test_a_replacement_with_no_spare_left_is_not_offered(client, personas, waiting, operator2):
+    Node.objects.filter(state=Node.State.SPARE).update(state=Node.State.ACTIVE)
+    html = page(client, operator2)
+    control = approve_control(html, waiting)
+    assert control.startswith('<input type="submit" class="approve" value="Approve" disabled')
+    assert "Blocked by spares: spares: no spare node free on this cluster" in control
+    assert "Cannot be approved now: <code>spares</code>" in html
+    assert 'Blocked by</dt><dd><b class="warn"><code>spares</code></b>' in html
+    # The server gives the same answer, from the same function.
+    r = decide(client, operator2, waiting, "approve")
+    assert r.status_code == 409
+    assert (r.json()["error"], r.json()["guardrail"]) == ("guardrail", "spares")
+    waiting.refresh_from_db()
+    assert waiting.state == S.AWAITING_APPROVAL  # it waits for a spare
+
+
+def test_the_demos_straggler_after_its_job_completed(client, personas, nodes, job, operator2):
+    """The replacement at the next checkpoint still waits after the job completed and
+    the only spare was used: Approve is not offered, the card says why, and the
+    expiry task retires it with a timeline entry."""
+    from jobs.models import TrainingJob
+    from recovery import tasks
+
+    incident = make_incident(
+        job, cause="straggler", fault_type="straggler", nodes=[nodes["n02"]], attempt=None
+    )
+    action = services.action_propose(
+        cluster=job.cluster,
+        kind="replace_at_next_checkpoint",
+        node=nodes["n02"],
+        job=job,
+        incident=incident,
+        reason="straggler",
+        requested_by="policy:straggler",
+        policy="straggler/replace_at_next_checkpoint (default)",
+    )
+    TrainingJob.objects.filter(pk=job.pk).update(status=TrainingJob.Status.COMPLETED)
+    Node.objects.filter(state=Node.State.SPARE).update(state=Node.State.ACTIVE)
+    html = page(client, operator2)
+    control = approve_control(html, action)
+    assert 'class="approve" value="Approve" disabled' in control
+    assert "Blocked by moved_on: moved_on: job llm finished (completed)" in control
+    assert "Blocked by</dt><dd>none" not in html
+    assert 'Ranks restarting</dt><dd class="ranks">none: the job has finished' in html
+    tasks.expire_approvals()
+    action.refresh_from_db()
+    assert action.state == S.CANCELLED
+    assert TimelineEntry.objects.filter(
+        incident=incident, message__contains="cancelled: moved_on: job llm finished"
+    ).exists()
+    assert "Nothing waits for a decision." in page(client, operator2)
+
+
+def test_the_blast_radius_of_a_replacement_says_what_restarts(
+    client, personas, nodes, job, operator2
+):
+    from jobs.models import RankWindow
+
+    for rank in range(16):
+        RankWindow.objects.create(
+            job=job,
+            attempt=1,
+            rank=rank,
+            node=nodes["n01"] if rank < 8 else nodes["n02"],
+            first_step=90,
+            last_step=99,
+            ts=T0 + 990,
+            compute_s=1.0,
+            step_s=1.0,
+        )
+    at_checkpoint = propose(personas, kind="replace_at_next_checkpoint", node=nodes["n02"], job=job)
+    html = page(client, operator2)
+    card = html[html.index(f'id="action-{at_checkpoint.pk}"') :]
+    assert (
+        "<b>all 16</b> (0\N{EN DASH}15) of llm: the whole job relaunches at its next durable"
+        " checkpoint with a spare in place of n02; its ranks on n02: 8\N{EN DASH}15"
+    ) in card
+    assert "<b>little</b>: it waits for a durable checkpoint after step 80" in card
+    assert "now <b>0.889 GPU-hours</b> · 20 steps · 200 s since the checkpoint" in card
+    services.action_cancel(action=at_checkpoint, actor="operator")
+    now = propose(personas, kind="replace_node", node=nodes["n02"], job=job)
+    card = page(client, operator2)
+    card = card[card.index(f'id="action-{now.pk}"') :]
+    assert "the whole job relaunches with a spare in place of n02; its ranks on n02: 8" in card
+    assert "<b>0.889 GPU-hours</b> · 20 steps · 200 s since the checkpoint" in card
+
+
+def test_the_storm_state_counts_the_nodes_the_cluster_has(client, personas, waiting, operator2):
+    # Names an ingest batch made up: never heard from, not registered.
+    Node.objects.bulk_create(
+        [Node(cluster=waiting.cluster, name=f"ghost{i}", registered=False) for i in range(200)]
+    )
+    ClusterRecoverySettings.objects.filter(cluster=waiting.cluster).update(storm_max_nodes=4)
+    html = page(client, operator2)
+    assert "0 of 12 (0%) · storm limit 10%, at most 4 nodes (1 node)" in html
+    assert "of the nodes registered or heard from within 60 min" in html

@@ -212,6 +212,7 @@ def test_the_detail_has_the_evidence(personas, nodes, job):
             "world_size": 16,
             "nodes": ["n01", "n02"],
             "last_step": 100,
+            "ranks_on_nodes": {},  # no rank windows reported
         }
     ]
     # Step 100 at T0+1000, the checkpoint of step 80 at T0+800: 200 s x 16 GPUs.

@@ -152,8 +152,11 @@ def test_a_stale_approval_returns_to_the_queue(cluster, nodes, job):
         cluster=cluster, kind="restart_job", job=job, reason="r", requested_by="operator"
     )
     assert action.target_snapshot == {"job_attempt": 1}
-    # The job was relaunched by someone else since.
+    # The job was relaunched by someone else since, and that launch stopped too (had
+    # it been running, the restart would have nothing left to do: moved_on).
     Attempt.objects.create(job=job, number=2, world_size=16)
+    job.status = job.Status.INTERRUPTED
+    job.save()
     with pytest.raises(services.Refused) as exc:
         services.action_approve(action=action, actor="operator2")
     assert exc.value.code == "stale"
@@ -177,11 +180,20 @@ def test_a_stale_approval_returns_to_the_queue(cluster, nodes, job):
 
 def test_a_target_that_changed_while_queued_goes_back_for_approval(cluster, nodes, job):
     action = auto(cluster, "cordon_node", node=nodes["n01"])
-    Node.objects.filter(pk=nodes["n01"].pk).update(state=Node.State.IN_REPAIR)
+    Node.objects.filter(pk=nodes["n01"].pk).update(state=Node.State.SUSPECT)
     assert services.action_execute(action_id=action.pk).what == "returned"
     action.refresh_from_db()
     assert (action.state, action.blocked_by) == (S.AWAITING_APPROVAL, "stale")
-    assert "node state active -> in_repair" in action.blocked_reason
+    assert "node state active -> suspect" in action.blocked_reason
+
+
+def test_a_queued_action_whose_node_got_there_meanwhile_is_cancelled(cluster, nodes, job, noop):
+    action = auto(cluster, "cordon_node", node=nodes["n01"])
+    Node.objects.filter(pk=nodes["n01"].pk).update(state=Node.State.IN_REPAIR)
+    assert services.action_execute(action_id=action.pk).what == "cancelled"
+    action.refresh_from_db()
+    assert action.state == S.CANCELLED and noop.calls == []
+    assert "moved_on: node n01 is in_repair already" in action.audit.last().reason
 
 
 def test_dry_run_records_what_would_be_done_and_does_nothing(cluster, nodes, job, noop):
