@@ -203,8 +203,15 @@ def action_evidence(action: Action) -> dict:
             node_rows.append(
                 {"name": n.name, "state": n.state, "state_changed_at": n.state_changed_at}
             )
+    blocked = None
+    if action.state == S.AWAITING_APPROVAL:
+        ctx = guardrails.Context(cluster_settings(action.cluster_id), timezone.now())
+        blocked = guardrails.decision_block(action, ctx)
     return {
         "incident": _incident(incident) if incident is not None else None,
+        "approval_blocked_by": (
+            {"guardrail": blocked[0], "reason": blocked[1]} if blocked else None
+        ),
         "nodes": node_rows,
         "jobs": job_rows,
         "restarts_jobs": restarting and bool(relaunched),

@@ -99,8 +99,18 @@ class AtStakeSerializer(serializers.Serializer):
     gpu_hours = serializers.FloatField(help_text="seconds_lost x world_size / 3600")
 
 
+class ApprovalBlockSerializer(serializers.Serializer):
+    guardrail = serializers.CharField()
+    reason = serializers.CharField()
+
+
 class EvidenceSerializer(serializers.Serializer):
     incident = EvidenceIncidentSerializer(allow_null=True)
+    approval_blocked_by = ApprovalBlockSerializer(
+        allow_null=True,
+        help_text="awaiting approval: what stops an approval now (as approving would answer),"
+        " else null",
+    )
     nodes = EvidenceNodeSerializer(many=True)
     jobs = EvidenceJobSerializer(many=True, help_text="the job acted on, and jobs on the node")
     restarts_jobs = serializers.BooleanField(help_text="running it relaunches the jobs")

@@ -72,6 +72,7 @@ def test_an_expired_approval_is_refused_and_expires_even_before_the_expiry_task(
 
 def test_an_approval_not_yet_expired_is_given(personas, operator2, nodes, job):
     r = propose(personas)
+    assert r.json()["evidence"]["approval_blocked_by"] is None
     action = Action.objects.get(pk=r.json()["id"])
     Action.objects.filter(pk=action.pk).update(expires_at=timezone.now() + timedelta(seconds=60))
     r = post(operator2, f"/api/v1/actions/{action.pk}/approve")
@@ -126,6 +127,10 @@ def test_approving_a_replacement_of_a_finished_job_retires_it(
     action = straggler_replacement(job, nodes, run_on_commit)
     TrainingJob.objects.filter(pk=job.pk).update(status=TrainingJob.Status.COMPLETED)
     Node.objects.filter(state=Node.State.SPARE).update(state=Node.State.ACTIVE)  # spares used
+    # Read first, the API says what approving would answer.
+    detail = personas["viewer"].client().get(f"/api/v1/actions/{action.pk}").json()
+    blocked = detail["evidence"]["approval_blocked_by"]
+    assert blocked["guardrail"] == "moved_on" and "job llm finished" in blocked["reason"]
     r = post(operator2, f"/api/v1/actions/{action.pk}/approve")
     assert r.status_code == 409, r.content
     body = r.json()
