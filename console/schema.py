@@ -3,12 +3,14 @@
 - the bearer tokens (an authentication extension);
 - the one error shape, `{"error": code, "detail": text, ...}`, as the component `Error`,
   and the error answers every operation can give, added once here rather than on every
-  view: 401 and 403 (all need a role), 503 (database away, with Retry-After), 400 where
-  there are query parameters or a body, 404 where there is a path parameter or a page,
+  view: 400 (a NUL in any query parameter is refused), 401 and 403 (all need a role),
+  503 (database away, with Retry-After), 404 where there is a path parameter or a page,
   415 where DRF parses the body (a view that reads the raw body names its media types
   in `extend_schema(request={media_type: ...})`); a view declares the others it gives
   (409, 413) and may describe any of them in its own words, and they get the error shape;
-- PATCH bodies as their serializers validate them: no view here reads a partial body.
+- query parameters as the views read them: an empty value is no value, no NUL;
+- PATCH bodies as their serializers validate them: no view here reads a partial body;
+- a serializer with `refuses_unknown_fields = True` documents a closed object.
 """
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
@@ -53,6 +55,7 @@ ERROR_DESCRIPTIONS = {
     "415": "the body is not JSON",
     "503": "the database is away for a moment: retry after `Retry-After` seconds",
 }
+NO_NUL_PATTERN = r"^[^\u0000]*$"
 RETRY_AFTER = {
     "Retry-After": {
         "schema": {"type": "integer", "minimum": 0},
@@ -86,6 +89,9 @@ class ReboundAutoSchema(AutoSchema):
             object=ERROR_COMPONENT,
         )
         self.registry.register_on_missing(error)
+        for parameter in operation.get("parameters", []):
+            if parameter["in"] == "query":
+                self._describe_query_parameter(parameter)
         responses = operation["responses"]
         for code in self._error_codes(operation):
             responses.setdefault(code, {})
@@ -100,12 +106,22 @@ class ReboundAutoSchema(AutoSchema):
         operation["responses"] = dict(sorted(responses.items()))
         return operation
 
+    @staticmethod
+    def _describe_query_parameter(parameter) -> None:
+        schema = parameter.setdefault("schema", {})
+        if parameter["name"] == "page":
+            # DRF's paginator reads an empty ?page= as the first page; 0 is no page (404).
+            schema.update({"type": "integer", "minimum": 1})
+        if not parameter.get("required"):
+            parameter["allowEmptyValue"] = True  # an empty value is no value: ?state=
+        if schema.get("type") == "string" and not {"enum", "pattern"} & set(schema):
+            schema["pattern"] = NO_NUL_PATTERN  # refused in any query parameter (400)
+
     def _error_codes(self, operation) -> set[str]:
-        codes = {"401", "403", "503"}
+        # 400 everywhere: a NUL in any query parameter is refused before any view.
+        codes = {"400", "401", "403", "503"}
         where = {p["in"] for p in operation.get("parameters", []) if p["name"] != "page"}
         body = operation.get("requestBody")
-        if body or "query" in where:
-            codes.add("400")
         if "path" in where or any(p["name"] == "page" for p in operation.get("parameters", [])):
             codes.add("404")
         # A view that names its body's media types itself reads the raw body (ingest);
@@ -113,6 +129,13 @@ class ReboundAutoSchema(AutoSchema):
         if body and not isinstance(self.get_request_serializer(), dict):
             codes.add("415")
         return codes
+
+    def _map_basic_serializer(self, serializer, direction):
+        schema = super()._map_basic_serializer(serializer, direction)
+        # DRF ignores unknown fields; a body read by other means may refuse them.
+        if getattr(serializer, "refuses_unknown_fields", False):
+            schema["additionalProperties"] = False
+        return schema
 
     def _get_request_for_media_type(self, serializer, direction="request"):
         # drf-spectacular makes every PATCH body partial (all fields optional), as DRF's

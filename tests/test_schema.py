@@ -58,9 +58,7 @@ def test_every_operation_documents_the_errors_it_can_give(schema):
     for name, op in operations(schema):
         codes = set(op["responses"])
         params = op.get("parameters", [])
-        expected = {"401", "403", "503"}
-        if "requestBody" in op or any(p["in"] == "query" and p["name"] != "page" for p in params):
-            expected.add("400")
+        expected = {"400", "401", "403", "503"}
         if any(p["in"] == "path" or p["name"] == "page" for p in params):
             expected.add("404")
         if not expected <= codes:
@@ -97,3 +95,25 @@ def test_detector_settings_need_a_cluster(schema):
     ref = op["patch"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
     body = schema["components"]["schemas"][ref.rsplit("/", 1)[-1]]
     assert set(body["required"]) == {"cluster", "values"}
+
+
+def test_the_ingest_schema_names_each_kinds_data_fields_as_the_wire_checks_them(schema):
+    from jobs.api.serializers import DATA_FIELD_SCHEMAS
+    from jobs.wire import DATA_SCHEMA, KINDS
+
+    assert set(DATA_FIELD_SCHEMAS) == set(DATA_SCHEMA) == KINDS
+    for kind, fields in DATA_SCHEMA.items():
+        assert set(DATA_FIELD_SCHEMAS[kind]) == set(fields), kind
+    body = schema["components"]["schemas"]["IngestRequestRequest"]
+    assert body["additionalProperties"] is False
+    events = body["properties"]["events"]
+    assert (events["minItems"], events["maxItems"]) == (1, 5000)
+    by_kind = {e["properties"]["kind"]["enum"][0]: e for e in events["items"]["oneOf"]}
+    assert set(by_kind) == KINDS
+    for kind, event in by_kind.items():
+        required = {n for n, spec in DATA_SCHEMA[kind].items() if spec[1]}
+        assert set(event["properties"]["data"].get("required", [])) == required, kind
+        assert event["additionalProperties"] is False
+    assert "attempt" not in by_kind["heartbeat"]["required"]
+    assert "node" in by_kind["heartbeat"]["required"]
+    assert "attempt" in by_kind["step"]["required"]

@@ -169,6 +169,17 @@ class DetectorSettingSerializer(serializers.Serializer):
     updated_by = serializers.CharField(allow_null=True, help_text="who set the override in force")
 
 
+@extend_schema_field(
+    {
+        "type": "object",
+        "additionalProperties": {"type": "number", "nullable": True},
+        "minProperties": 1,
+    }
+)
+class SettingValuesField(serializers.DictField):
+    """At least one value (an empty change is refused)."""
+
+
 class DetectorSettingsUpdateSerializer(serializers.Serializer):
     cluster = serializers.CharField(max_length=100)
     job = serializers.CharField(
@@ -178,7 +189,7 @@ class DetectorSettingsUpdateSerializer(serializers.Serializer):
         allow_blank=True,
         help_text="set the job's overrides instead of the cluster's",
     )
-    values = serializers.DictField(
+    values = SettingValuesField(
         child=NumberField(allow_null=True),
         allow_empty=False,
         help_text="parameter name -> new value, or null to remove the override",

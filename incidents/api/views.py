@@ -21,6 +21,7 @@ from incidents.settings import (
     detector_settings_update,
 )
 from jobs.api.params import choice_param, time_param
+from jobs.api.serializers import TIME_SCHEMA
 from jobs.models import Cluster, Node, TrainingJob
 from jobs.services import dt
 
@@ -31,8 +32,8 @@ from jobs.services import dt
         OpenApiParameter("cluster", str),
         OpenApiParameter("cause", str, enum=Incident.Cause.values),
         OpenApiParameter("state", str, enum=Incident.State.values),
-        OpenApiParameter("since", str, description="faults at or after (RFC 3339 or unix s)"),
-        OpenApiParameter("until", str, description="faults before (RFC 3339 or unix s)"),
+        OpenApiParameter("since", TIME_SCHEMA, description="faults at or after"),
+        OpenApiParameter("until", TIME_SCHEMA, description="faults before"),
     ]
 )
 class IncidentListView(generics.ListAPIView):
@@ -105,8 +106,8 @@ class ReliabilityView(APIView):
     @extend_schema(
         parameters=[
             OpenApiParameter("cluster", str),
-            OpenApiParameter("start", str, description="default: 30 days before end"),
-            OpenApiParameter("end", str, description="default: now"),
+            OpenApiParameter("start", TIME_SCHEMA, description="default: 30 days before end"),
+            OpenApiParameter("end", TIME_SCHEMA, description="default: now"),
         ],
         responses=s.ReliabilitySerializer,
     )
@@ -187,7 +188,7 @@ class DetectorSettingsView(APIView):
     @extend_schema(
         summary="The parameters in force for a cluster, or one of its jobs",
         parameters=[
-            OpenApiParameter("cluster", str, required=True),
+            OpenApiParameter("cluster", {"type": "string", "minLength": 1}, required=True),
             OpenApiParameter("job", str, description="a job of that cluster: its overrides too"),
         ],
         responses={

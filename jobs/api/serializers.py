@@ -8,7 +8,18 @@ from rest_framework import serializers
 
 from jobs.accounting import CATEGORIES
 from jobs.models import Attempt, Checkpoint, TrainingJob
-from jobs.wire import INT32_MAX, KINDS, TS_MAX, TS_MIN
+from jobs.wire import (
+    DATA_SCHEMA,
+    END_REASONS,
+    FAULT_TYPES,
+    INT32_MAX,
+    INT64_MAX,
+    KINDS,
+    KINDS_WITHOUT_ATTEMPT,
+    NON_FINITE,
+    TS_MAX,
+    TS_MIN,
+)
 
 
 def iso(ts: float | None) -> str | None:
@@ -145,45 +156,133 @@ RFC3339_PATTERN = (
 )
 
 
+# A time on the wire and in query parameters (?start=, ?since=...).
+TIME_SCHEMA = {
+    "oneOf": [
+        {"type": "number", "minimum": TS_MIN, "maximum": TS_MAX},
+        {"type": "string", "pattern": RFC3339_PATTERN},
+    ],
+    "description": "unix seconds, or RFC 3339 with an offset"
+    " (2026-11-30T08:00:00.5Z, 2026-11-30T09:00:00+01:00); between 2000 and 2100",
+}
+
+
+_INT32 = {"type": "integer", "minimum": -(2**31), "maximum": INT32_MAX}
+_COUNT32 = {"type": "integer", "minimum": 1, "maximum": INT32_MAX}
+_COUNT64 = {"type": "integer", "minimum": 0, "maximum": INT64_MAX}
+_SECONDS = {"type": "number", "minimum": 0}
+_ANY_NUMBER = {
+    "oneOf": [{"type": "number"}, {"type": "string", "enum": sorted(NON_FINITE)}],
+    "description": "a number, or a non-finite one spelled as a string",
+}
+
+
+def _text(n: int) -> dict:
+    return {"type": "string", "minLength": 1, "maxLength": n, "pattern": NO_NUL_PATTERN}
+
+
+# Each kind's `data` fields, as jobs.wire.DATA_SCHEMA checks them (a test keeps the two
+# in step); keys beyond them are kept as sent.
+DATA_FIELD_SCHEMAS: dict[str, dict[str, dict]] = {
+    "attempt_started": {
+        "world_size": _COUNT32,
+        "gpus_per_node": _COUNT32,
+        "nodes": {"type": "array", "items": {"type": "string", "pattern": NODE_NAME_PATTERN}},
+    },
+    "ready": {},
+    "checkpoint_load_started": {"step": _COUNT64},
+    "checkpoint_loaded": {"step": _COUNT64},
+    "step": {
+        "step": _COUNT64,
+        "loss": _ANY_NUMBER,
+        "grad_norm": _ANY_NUMBER,
+        "tokens": _COUNT64,
+        "step_time_s": _SECONDS,
+    },
+    "checkpoint_save_started": {"step": _COUNT64},
+    "checkpoint_saved": {
+        "step": _COUNT64,
+        "bytes": _COUNT64,
+        "blocking_s": _SECONDS,
+        "uri": _text(1024),
+        "tier": _text(32),
+    },
+    "rank_window": {
+        "first_step": _COUNT64,
+        "last_step": {**_COUNT64, "description": "at least first_step"},
+        "compute_s": _SECONDS,
+        "step_s": _SECONDS,
+        "comm_wait_s": _SECONDS,
+        "data_wait_s": _SECONDS,
+    },
+    "heartbeat": {},
+    "fault": {
+        "type": {"type": "string", "enum": sorted(FAULT_TYPES)},
+        "xid": {"type": "integer", "minimum": 0, "maximum": INT32_MAX},
+        "message": _text(4096),
+        "exit_code": _INT32,
+    },
+    "attempt_ended": {
+        "reason": {"type": "string", "enum": sorted(END_REASONS)},
+        "exit_code": _INT32,
+        "requested_by": _text(200),
+    },
+    "job_finished": {},
+}
+
+
+def _event_schema(kind: str) -> dict:
+    """One kind's event: the fields every event has, and the kind's own."""
+    required_data = [n for n, spec in DATA_SCHEMA[kind].items() if spec[1]]
+    data = {
+        "type": "object",
+        "properties": DATA_FIELD_SCHEMAS[kind],
+        "additionalProperties": True,
+    }
+    if required_data:
+        data["required"] = required_data
+    required = ["id", "job", "kind", "ts"]
+    if kind not in KINDS_WITHOUT_ATTEMPT:
+        required.append("attempt")
+    if kind == "heartbeat":
+        required.append("node")
+    if kind == "rank_window":
+        required.append("rank")
+    if required_data:
+        required.append("data")
+    return {
+        "type": "object",
+        "title": kind,
+        "properties": {
+            "id": {**_text(128), "description": "the dedup key within the job"},
+            "job": {"type": "string", "pattern": JOB_KEY_PATTERN, "description": "a slug"},
+            "kind": {"type": "string", "enum": [kind]},
+            "ts": TIME_SCHEMA,
+            "attempt": {**_COUNT32, "description": "the launch"},
+            "node": {"type": "string", "pattern": NODE_NAME_PATTERN},
+            "rank": {"type": "integer", "minimum": 0, "maximum": INT32_MAX},
+            "data": data,
+        },
+        "required": required,
+        "additionalProperties": False,
+    }
+
+
 @extend_schema_field(
     {
-        "oneOf": [
-            {"type": "number", "minimum": TS_MIN, "maximum": TS_MAX},
-            {"type": "string", "pattern": RFC3339_PATTERN},
-        ],
-        "description": "unix seconds, or RFC 3339 with an offset"
-        " (2026-11-30T08:00:00.5Z, 2026-11-30T09:00:00+01:00); between 2000 and 2100",
+        "oneOf": [_event_schema(kind) for kind in sorted(KINDS)],
+        "description": "one event of wire format v1; `kind` tells which",
     }
 )
-class TimestampField(serializers.Field):
-    pass
-
-
-class IngestEventSerializer(serializers.Serializer):
+class IngestEventField(serializers.DictField):
     """Documentation of wire format v1; ingest validates with jobs.wire for speed."""
-
-    id = serializers.RegexField(
-        NO_NUL_PATTERN, min_length=1, max_length=128, help_text="dedup key within the job"
-    )
-    job = serializers.RegexField(JOB_KEY_PATTERN, help_text="the job's key (a slug)")
-    kind = serializers.ChoiceField(choices=sorted(KINDS))
-    ts = TimestampField()
-    attempt = serializers.IntegerField(
-        min_value=1,
-        max_value=INT32_MAX,
-        required=False,
-        help_text="the launch; required for every kind but heartbeat and fault",
-    )
-    node = serializers.RegexField(
-        NODE_NAME_PATTERN, required=False, help_text="required for heartbeat"
-    )
-    rank = serializers.IntegerField(min_value=0, max_value=INT32_MAX, required=False)
-    data = serializers.DictField(required=False, help_text="the kind's fields (see the README)")
 
 
 class IngestRequestSerializer(serializers.Serializer):
+    refuses_unknown_fields = True  # jobs.wire.parse_body: the body holds only `events`
+
     events = serializers.ListField(
-        child=IngestEventSerializer(), min_length=1, max_length=settings.INGEST_MAX_EVENTS
+        child=IngestEventField(), min_length=1, max_length=settings.INGEST_MAX_EVENTS
     )
 
 

@@ -5,7 +5,6 @@ import zlib
 from django.conf import settings
 from django.http import RawPostDataException
 from django.shortcuts import get_object_or_404
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.response import Response
@@ -250,12 +249,8 @@ def _job(key: str) -> TrainingJob:
 class JobGoodputView(APIView):
     @extend_schema(
         parameters=[
-            OpenApiParameter(
-                "start", OpenApiTypes.STR, description="window start (RFC 3339 or unix s)"
-            ),
-            OpenApiParameter(
-                "end", OpenApiTypes.STR, description="window end (RFC 3339 or unix s)"
-            ),
+            OpenApiParameter("start", s.TIME_SCHEMA, description="window start"),
+            OpenApiParameter("end", s.TIME_SCHEMA, description="window end"),
         ],
         responses=s.GoodputSerializer,
     )

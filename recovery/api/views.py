@@ -2,6 +2,7 @@
 reject and cancel) and each cluster's pause switch (operators)."""
 
 from django.http import Http404
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
     OpenApiResponse,
@@ -80,7 +81,7 @@ class ActionListView(generics.ListCreateAPIView):
             OpenApiParameter("job", str),
             OpenApiParameter("node", str),
             OpenApiParameter("kind", str, enum=Action.Kind.values),
-            OpenApiParameter("incident", int),
+            OpenApiParameter("incident", {"type": "integer", "minimum": 0}, description="an id"),
         ]
     )
     def get(self, request, *args, **kwargs):
@@ -281,7 +282,7 @@ class ClusterFaultView(APIView):
     @extend_schema(
         request=s.FaultSerializer,
         responses={
-            200: OpenApiResponse(description="what was done"),
+            200: OpenApiResponse(OpenApiTypes.OBJECT, description="what was done"),
             400: OpenApiResponse(description="an unknown fault, or one missing what it needs"),
             404: OpenApiResponse(description="no such cluster"),
             409: OpenApiResponse(description="the driver cannot, or the target is not running"),
