@@ -1,6 +1,6 @@
 """Inject a fault on a lab cluster (the `local` driver): see recovery.faults.FAULTS.
 
-manage.py inject_fault crash --cluster local --job demo-live --rank 1
+manage.py inject_fault crash --cluster local --job demo-live-20261201-091500 --rank 1
 manage.py inject_fault xid --cluster local --node node-b --xid 79 --kill
 """
 
