@@ -573,7 +573,8 @@ ATTRIBUTION = ("cause", "fault_type", "xid")
 
 def _attribution_entry(incident: Incident, updates: dict, finding: Finding) -> None:
     """A timeline entry for a change of what the incident is put down to: from, to, why.
-    It stands after the signals that changed it (or now, when none is new)."""
+    It stands just after the newest of the signals that changed it (written next, in
+    the same pass), or at the pass's time when none is new."""
     changed = [k for k in ATTRIBUTION if k in updates]
     if not changed:
         return
@@ -592,7 +593,7 @@ def _attribution_entry(incident: Incident, updates: dict, finding: Finding) -> N
     TimelineEntry.objects.create(
         incident=incident,
         kind=TimelineEntry.Kind.DETECTION,
-        at=dt(max(new)) if new else timezone.now(),
+        at=dt(max(new) + 1e-6) if new else timezone.now(),
         actor=f"detector:{incident.detector}",
         source="rebound",
         message=f"Re-attributed: {said(before)} → {said(after)}: {why}",

@@ -77,6 +77,8 @@ def test_a_crash_reported_after_its_symptoms_re_attributes_the_incident_on_the_t
     assert entry.data["fault_type"] == {"from": "nccl_timeout", "to": "crash"}
     assert "network (nccl_timeout) → software (crash)" in entry.message
     assert "symptom" in entry.message and "node-a rank 1" in entry.message
+    # It stands after the signals that changed it: the crash and the launch's end.
+    assert list(incident.timeline.order_by("at", "id"))[-1] == entry
     # Another pass changes nothing, so it writes no second entry.
     services.incidents_detect(job=job())
     assert incident.timeline.filter(data__has_key="cause").count() == 1
