@@ -116,8 +116,9 @@ def test_a_database_away_is_a_503_with_retry_after_and_then_it_answers_again(
     server.start()
     try:
         url = server.url
-        assert requests.post(f"{url}/api/v1/ingest", _heartbeat(0), headers=ingest).ok
-        assert requests.get(f"{url}/", cookies=cookies).status_code == 200
+        r = requests.post(f"{url}/api/v1/ingest", _heartbeat(0), headers=ingest, timeout=30)
+        assert r.ok, (r.status_code, r.text[:500])
+        assert requests.get(f"{url}/", cookies=cookies, timeout=30).status_code == 200
 
         proxy.cut()
         # The first request finds its kept connection dropped, the next ones cannot connect.
