@@ -540,9 +540,9 @@ def step_time_figure(buckets: selectors.StepBuckets) -> dict:
                 "hovertemplate": "%{text}<extra></extra>",
             },
         ],
-        f"Step time; red: slowest step > {SLOW_FACTOR:g}x the rolling median",
+        f"Step time ({source}); red: slowest step > {SLOW_FACTOR:g}x the rolling median",
         "step",
-        f"step time (s), {source}",
+        "step time (s)",
         **HALF,
     )
 
