@@ -126,13 +126,13 @@ def _api_not_found(request) -> JsonResponse:
 def _reshaped(response) -> HttpResponse:
     """An error Django or a middleware answered as a page, in the API's shape."""
     try:
-        detail = HTTPStatus(response.status_code).phrase
+        detail = f"{HTTPStatus(response.status_code).phrase}."
     except ValueError:
-        detail = response.reason_phrase
+        detail = f"{response.reason_phrase}."
     code = STATUS_CODES.get(response.status_code, "error")
     if response.status_code == 403 and b"CSRF" in getattr(response, "content", b""):
         detail = "CSRF verification failed."
-    out = api_error(response.status_code, code, f"{detail}.")
+    out = api_error(response.status_code, code, detail)
     for header in KEPT_HEADERS:
         if header in response:
             out[header] = response[header]

@@ -295,6 +295,8 @@ def test_api_errors_have_one_shape(settings, personas, debug):
     csrf.force_login(personas["operator"].user)
     body = _shape(csrf.post("/api/v1/actions/", {}, content_type="application/json"), 403)
     assert "CSRF" in body["detail"]
+    # Refused by Django before any view: a host it does not serve
+    _shape(anon.get("/api/v1/jobs/", **token, HTTP_HOST="elsewhere.example"), 400)
     # A method the view does not have
     admin = {"HTTP_AUTHORIZATION": f"Bearer {personas['admin'].token}"}
     _shape(anon.delete("/api/v1/jobs/", **admin), 405)
