@@ -16,6 +16,8 @@ from django.template.loader import render_to_string
 from django.urls import Resolver404, resolve
 from django.views import defaults
 from rest_framework import status
+from rest_framework.exceptions import NotAcceptable
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
@@ -70,6 +72,18 @@ def api_exception_handler(exc, context):
     elif response.status_code == status.HTTP_400_BAD_REQUEST:
         response.data = {"error": "invalid", "detail": "The request is invalid.", "fields": data}
     return response
+
+
+class FormatNegotiation(DefaultContentNegotiation):
+    """`?format=` the endpoint does not serve (the browsable API's `api`) is a 406
+    naming the formats it does, not DRF's 404 for an endpoint that exists."""
+
+    def filter_renderers(self, renderers, format):
+        found = [r for r in renderers if r.format == format]
+        if not found:
+            formats = ", ".join(sorted({r.format for r in renderers}))
+            raise NotAcceptable(f"format must be one of: {formats}.")
+        return found
 
 
 def is_api(request) -> bool:

@@ -286,6 +286,7 @@ def test_api_errors_have_one_shape(settings, personas, debug):
     assert "/api/v1/jobs/" in _shape(anon.post("/api/v1/jobs"), 404)["detail"]
     _shape(anon.get("/api/v1/jobs/"), 401)
     _shape(anon.get("/api/v1/jobs/", **token, HTTP_ACCEPT="text/html"), 406)
+    assert "json" in _shape(anon.get("/api/v1/jobs/?format=api", **token), 406)["detail"]
     _shape(anon.delete("/api/v1/jobs/", **token), 403)  # a viewer may not write
     _shape(viewer.put("/api/v1/incidents/", **token), 403)
     _shape(anon.get("/api/v1/jobs/nope/", **token), 404)
