@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "common",
     "jobs",
     "incidents",
     "recovery",
@@ -201,7 +202,17 @@ REDIS_URL = os.environ.get("REDIS_URL", "")
 BROKER_DIR = VAR_DIR / "broker"
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
-    CELERY_BROKER_TRANSPORT_OPTIONS = {}
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        # Never wait long on a broker that is away: ingest's sends fail fast and
+        # the outbox (common.outbox) keeps the work until the broker is back.
+        "socket_connect_timeout": 2,
+        "socket_timeout": 10,  # above the BRPOP wait (1 s)
+        "retry_on_timeout": True,
+        "health_check_interval": 10,
+        # An unacknowledged task (its worker died) is delivered again after this;
+        # above the longest task time limit (120 s).
+        "visibility_timeout": 300,
+    }
 else:
     for sub in ("out", "processed"):
         (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
@@ -216,7 +227,12 @@ else:
     }
 CACHES = {
     "default": (
-        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+        {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            # The cache only saves work: a Redis that is away must not hold a request up.
+            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 2},
+        }
         if REDIS_URL
         else {
             "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
@@ -230,12 +246,28 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ALWAYS_EAGER = env_bool("REBOUND_CELERY_EAGER", False)
+# The worker outlives a broker restart: it reconnects for as long as it takes (the
+# default gives up after 100 tries), on startup too.
+CELERY_BROKER_CONNECTION_RETRY = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+# Reconnects within 2 s of the broker's return and drains the outbox (console.celery).
+CELERY_WORKER_CONSUMER = "console.celery:ReconnectingConsumer"
+# A send from a web request or a task tries briefly; what fails waits in the outbox.
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 2,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.5,
+}
 # Periodic work, run by the worker started with --beat (scripts/run does).
 CELERY_BEAT_SCHEDULE = {
     "incidents-sweep": {"task": "incidents.sweep", "schedule": 15.0},  # SWEEP_EVERY_S
     # Actions stuck in queued or running past their deadline; approvals not given in time.
     "recovery-reconcile": {"task": "recovery.reconcile", "schedule": 30.0},
     "recovery-expire-approvals": {"task": "recovery.expire_approvals", "schedule": 60.0},
+    # Work whose send failed or whose message the broker lost (common.outbox).
+    "outbox-drain": {"task": "common.outbox_drain", "schedule": 5.0},
 }
 # The driver of a cluster with no recovery settings of its own (recovery.drivers).
 REBOUND_RECOVERY_DRIVER = os.environ.get("REBOUND_RECOVERY_DRIVER", "local")

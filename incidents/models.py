@@ -178,6 +178,25 @@ class DetectorState(models.Model):
     )
     data = models.JSONField(default=dict)
     updated_at = models.DateTimeField(auto_now=True)
+    # How long the last full pass took: passes are spaced by it (incidents.receivers).
+    last_pass_s = models.FloatField(default=0.0)
+    # The last pass that could not judge something of this job, and why: shown to
+    # operators (admin) and logged at ERROR; cleared by the next clean pass.
+    failed_at = models.DateTimeField(null=True, blank=True)
+    failure = models.TextField(blank=True)
 
     def __str__(self):
         return f"detector state of {self.job_id}"
+
+
+class SweepState(models.Model):
+    """The periodic sweep's memory (one row): when it last ran, and since when it has
+    run without a break. Kept in the database: a cache that is wiped (a Redis restart)
+    would make the sweep skip what happened while the broker was away."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    at = models.DateTimeField()
+    since = models.DateTimeField()
+
+    def __str__(self):
+        return f"sweep at {self.at}, unbroken since {self.since}"

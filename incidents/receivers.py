@@ -1,31 +1,39 @@
 """How incidents hear of the jobs app: new events, and a job's ledger recomputed."""
 
-from django.core.cache import cache
-
-from incidents.models import Incident
+from common.outbox import Work, outbox_enqueue
+from incidents.models import DetectorState, Incident
 from incidents.services import incidents_update_figures
-from incidents.tasks import detect_job, open_reported
 
+OPEN_REPORTED = "incidents.open_reported"
+DETECT_JOB = "incidents.detect_job"
 # Kinds that can open or change a fault episode: detect at once.
 EPISODE_KINDS = frozenset({"fault", "attempt_ended", "attempt_started"})
 # Anything else (steps, heartbeats, windows) moves the job's clock: a hang may
-# now show. One pass per job in this window is enough; a pass reads only what
-# is new, but one that had to rebuild its state reads the whole history, so
-# passes are also spaced to keep them under a quarter of a worker's time.
+# now show. One pass per job in this window is enough (a pass already waiting in
+# the outbox takes the later requests in); a pass reads only what is new, but one
+# that had to rebuild its state reads the whole history, so passes are also spaced
+# to keep them under a quarter of a worker's time.
 DEBOUNCE_S = 5
 MAX_SHARE = 0.25
 
 
 def on_events_stored(sender, job_ids, kinds, **kwargs):
+    """Ask for the passes through the outbox: in the sender's transaction, so they are
+    not lost if the broker is away (see common.outbox)."""
+    works = []
     for job_id in job_ids:
+        key = str(job_id)
         if kinds.get(job_id, set()) & EPISODE_KINDS:
-            open_reported.delay(job_id)
-            detect_job.delay(job_id)
+            works += [Work(OPEN_REPORTED, key, [job_id]), Work(DETECT_JOB, key, [job_id])]
         else:
-            last_pass_s = cache.get(f"incident-pass-s:{job_id}") or 0.0
+            last_pass_s = (
+                DetectorState.objects.filter(job_id=job_id)
+                .values_list("last_pass_s", flat=True)
+                .first()
+            ) or 0.0
             wait = max(DEBOUNCE_S, last_pass_s / MAX_SHARE)
-            if cache.add(f"incident-detect:{job_id}", 1, timeout=wait):
-                detect_job.apply_async((job_id,), countdown=wait)
+            works.append(Work(DETECT_JOB, key, [job_id], delay_s=wait))
+    outbox_enqueue(works)
 
 
 def on_ledger_refreshed(sender, job, ledger, steps, **kwargs):

@@ -13,22 +13,25 @@ no fault reported is an episode of its own, until a fault for it arrives.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 import numpy as np
-from django.core.cache import cache
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from incidents import signals
-from incidents.models import Incident, TimelineEntry
+from incidents.models import DetectorState, Incident, SweepState, TimelineEntry
 from incidents.settings import detector_settings
 from incidents.watch import Signal, Watch, steps_between, watch_job
 from incidents.xid import APPLICATION, HARDWARE, xid_class
 from jobs.accounting import compute_ledger, load_lifecycle, load_steps
 from jobs.models import Checkpoint, Cluster, Event, Node, TrainingJob
 from jobs.services import dt, node_mark_suspect
+
+logger = logging.getLogger(__name__)
 
 LAUNCH_FAULT = "launch_fault"
 SYMPTOM_TYPES = frozenset({"nccl_timeout"})
@@ -424,6 +427,7 @@ def incidents_detect(
     if watch is not None:
         findings += _straggler_findings(watch)
     changed: list[tuple[Incident, str]] = []
+    failures: list[str] = []
     with transaction.atomic():
         TrainingJob.objects.select_for_update().filter(pk=job.pk).first()
         existing = {
@@ -431,40 +435,94 @@ def incidents_detect(
             for i in Incident.objects.filter(job=job).prefetch_related("nodes")
         }
         for finding in findings:
-            incident = existing.get((finding.detector, finding.episode))
-            if incident is None:
-                incident = Incident.objects.create(
-                    job=job,
-                    cluster_id=job.cluster_id,
-                    detector=finding.detector,
-                    episode=finding.episode,
-                    **finding.fields,
-                )
-                _set_nodes(incident, job, finding.nodes)
-                _timeline_for_new(incident, finding.signals)
-                if incident.fault_type == "dead_node":
-                    _suspect_nodes(incident)
-                changed.append((incident, "opened"))
+            try:
+                # One finding that cannot be stored (a value beyond a column) spoils no other.
+                with transaction.atomic():
+                    outcome = _apply_finding(job, finding, existing, inferred)
+            except DatabaseError as exc:
+                failures.append(f"{finding.detector} {finding.episode}: {exc!r}")
                 continue
-            if not inferred:
-                continue  # the quick pass only opens; the full pass keeps incidents current
-            known = set(incident.evidence)
-            updates = {k: v for k, v in finding.fields.items() if getattr(incident, k) != v}
-            if updates:
-                _attribution_entry(incident, updates, finding)
-                for k, v in updates.items():
-                    setattr(incident, k, v)
-                incident.save(update_fields=list(updates))
-                _set_nodes(incident, job, finding.nodes)
-                for sig in finding.signals:
-                    if sig.client_id not in known:
-                        _signal_entry(incident, sig)
-                changed.append((incident, "updated"))
+            if outcome is not None:
+                changed.append(outcome)
         _announce(changed)
+    _record_pass(job, failures)
     named = {n.name for i, _ in changed if i.detector != REPEAT_OFFENDER for n in i.nodes.all()}
     if named:
         changed += [(i, "") for i in incidents_detect_repeat_offenders(job=job, nodes=named)]
     return [i for i, _ in changed]
+
+
+def _apply_finding(job, finding, existing, inferred) -> tuple[Incident, str] | None:
+    """Open the finding's incident, or bring it up to what the events now say."""
+    incident = existing.get((finding.detector, finding.episode))
+    if incident is None:
+        incident = Incident.objects.create(
+            job=job,
+            cluster_id=job.cluster_id,
+            detector=finding.detector,
+            episode=finding.episode,
+            **finding.fields,
+        )
+        _set_nodes(incident, job, finding.nodes)
+        _timeline_for_new(incident, finding.signals)
+        if incident.fault_type == "dead_node":
+            _suspect_nodes(incident)
+        return incident, "opened"
+    if not inferred:
+        return None  # the quick pass only opens; the full pass keeps incidents current
+    known = set(incident.evidence)
+    updates = {k: v for k, v in finding.fields.items() if getattr(incident, k) != v}
+    if not updates:
+        return None
+    _attribution_entry(incident, updates, finding)
+    for k, v in updates.items():
+        setattr(incident, k, v)
+    incident.save(update_fields=list(updates))
+    _set_nodes(incident, job, finding.nodes)
+    for sig in finding.signals:
+        if sig.client_id not in known:
+            _signal_entry(incident, sig)
+    return incident, "updated"
+
+
+def _record_pass(job: TrainingJob, failures: list[str]) -> None:
+    """Report what a pass could not judge (logged at ERROR with the job, and kept on
+    the job's detector state for operators); a clean pass clears it."""
+    fields: dict = {}
+    if failures:
+        failure = "; ".join(failures)[:2000]
+        logger.error("detection for job %s (id %s) failed: %s", job.key, job.pk, failure)
+        fields.update(failed_at=timezone.now(), failure=failure)
+    elif DetectorState.objects.filter(job=job, failed_at__isnull=False).exists():
+        fields.update(failed_at=None, failure="")
+    if fields:
+        DetectorState.objects.update_or_create(job=job, defaults=fields)
+
+
+def incidents_detect_pass(
+    *, job: TrainingJob, inferred: bool = True, clock: float | None = None
+) -> list[Incident] | None:
+    """A detection pass (then the figures of what it changed) that cannot take the
+    caller down: a pass that fails is reported (see _record_pass) and returns None;
+    the next events or the next sweep run it again, not a retry loop."""
+    began = time.monotonic()
+    try:
+        with transaction.atomic():  # a database error here leaves the caller's transaction whole
+            changed = incidents_detect(job=job, inferred=inferred, clock=clock)
+            if changed and inferred:
+                incidents_update_figures(job=job)
+    except Exception as exc:
+        logger.exception("detection pass for job %s (id %s) failed", job.key, job.pk)
+        try:
+            _record_pass(job, [f"pass: {exc!r}"])
+        except Exception:
+            logger.exception("could not record the failed pass of job %s", job.key)
+        return None
+    if inferred:  # how long a full pass takes for this job: the receivers space passes by it
+        DetectorState.objects.update_or_create(
+            job=job, defaults={"last_pass_s": time.monotonic() - began}
+        )
+    return changed
 
 
 REPEAT_OFFENDER = "repeat_offender"
@@ -627,7 +685,6 @@ def _announce(changed: list[tuple[Incident, str]]) -> None:
 SWEEP_EVERY_S = 15
 SILENT_AFTER_S = 30  # a running job's reporters send something every few seconds
 HEARD_WITHIN_S = 3600  # a node heard from this recently is expected to go on
-_SWEEP_KEY = "incidents-sweep"
 
 
 @dataclass
@@ -636,6 +693,7 @@ class SweepResult:
     suspect: list[str] = field(default_factory=list)  # nodes that fell silent
     changed: list[Incident] = field(default_factory=list)  # opened or updated by it
     deaf: list[str] = field(default_factory=list)  # clusters nothing arrives from
+    failed: list[str] = field(default_factory=list)  # jobs whose pass failed (reported)
 
 
 def incidents_sweep(*, now=None) -> SweepResult:
@@ -651,12 +709,11 @@ def incidents_sweep(*, now=None) -> SweepResult:
     """
     now = now or timezone.now()
     result = SweepResult()
-    previous = cache.get(_SWEEP_KEY) or {}
-    unbroken = previous.get("at") is not None and now.timestamp() - previous["at"] <= (
-        3 * SWEEP_EVERY_S
-    )
-    since = previous["since"] if unbroken else now.timestamp()
-    cache.set(_SWEEP_KEY, {"at": now.timestamp(), "since": since}, timeout=None)
+    previous = SweepState.objects.filter(pk=1).first()
+    unbroken = previous is not None and (now - previous.at).total_seconds() <= 3 * SWEEP_EVERY_S
+    since_at = previous.since if unbroken else now
+    SweepState.objects.update_or_create(pk=1, defaults={"at": now, "since": since_at})
+    since = since_at.timestamp()
     if not unbroken:
         return result  # nothing is known yet of what happened before this run began
     heard = now - timedelta(seconds=SILENT_AFTER_S)
@@ -683,11 +740,13 @@ def incidents_sweep(*, now=None) -> SweepResult:
                 result.suspect.append(node.name)
         for job in silent_jobs.exclude(last_event_ts=None):
             silent_s = (now - job.last_received_at).total_seconds()
-            changed = incidents_detect(job=job, clock=job.last_event_ts + silent_s)
+            # One job whose pass fails (reported there) stops no other job's.
+            changed = incidents_detect_pass(job=job, clock=job.last_event_ts + silent_s)
+            if changed is None:
+                result.failed.append(job.key)
+                continue
             result.judged.append(job.key)
-            if changed:
-                incidents_update_figures(job=job)
-                result.changed += changed
+            result.changed += changed
     return result
 
 

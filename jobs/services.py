@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import orjson
-from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
+from common.outbox import Work, outbox_claim, outbox_enqueue
 from jobs.accounting import compute_ledger, load_lifecycle, load_steps
 from jobs.bulk import (
     insert_ignoring_conflicts,
@@ -220,10 +220,9 @@ def events_ingest(*, cluster: Cluster, events: list[WireEvent]) -> IngestResult:
             kinds: dict[int, set[str]] = defaultdict(set)
             for e in fresh:
                 kinds[jobs[e.job].id].add(e.kind)
-            # After the commit, and never at the client's expense: a broker that is
-            # down loses a refresh or a detection pass (logged), not the batch.
-            transaction.on_commit(lambda: _refresh_ledgers(touched), robust=True)
-            transaction.on_commit(lambda: _announce(touched, kinds), robust=True)
+            # One outbox row per job, in this transaction: sent after the commit,
+            # never at the client's expense, and kept while the broker is away.
+            _follow_up(touched, kinds)
     return IngestResult(accepted=len(fresh), duplicates=len(events) - len(fresh))
 
 
@@ -264,24 +263,45 @@ def job_reopen(*, job: TrainingJob, actor: str, reason: str = "") -> TrainingJob
     return job
 
 
-def _announce(job_ids: list[int], kinds: dict[int, set[str]]) -> None:
-    for receiver, result in events_stored.send_robust(
-        sender=TrainingJob, job_ids=job_ids, kinds=kinds
-    ):
-        if isinstance(result, Exception):
-            logger.error("events_stored receiver %r failed: %r", receiver, result)
-
-
+# What ingest hands on (common.outbox): per job, one `jobs.events_stored` task that
+# announces the new events (the signal) and asks for a ledger refresh. A launch that
+# began or ended, or a fault, is announced at once; other kinds within
+# EVENTS_STORED_DEBOUNCE_S, all the batches of that window in one announcement.
+EVENTS_STORED_TASK = "jobs.events_stored"
+PROMPT_KINDS = frozenset({"attempt_started", "attempt_ended", "fault", "job_finished"})
+EVENTS_STORED_DEBOUNCE_S = 1
 # A busy job sends many batches a second; one refresh per job in this window is enough.
 LEDGER_REFRESH_DEBOUNCE_S = 5
 
 
-def _refresh_ledgers(job_ids: list[int]) -> None:
-    from jobs.tasks import ledger_refresh
+def _follow_up(job_ids: list[int], kinds: dict[int, set[str]]) -> None:
+    outbox_enqueue(
+        [
+            Work(
+                EVENTS_STORED_TASK,
+                str(job_id),
+                [job_id, sorted(kinds[job_id])],
+                delay_s=0 if kinds[job_id] & PROMPT_KINDS else EVENTS_STORED_DEBOUNCE_S,
+            )
+            for job_id in job_ids
+        ]
+    )
 
-    for job_id in job_ids:
-        if cache.add(f"ledger-refresh:{job_id}", 1, timeout=LEDGER_REFRESH_DEBOUNCE_S):
-            ledger_refresh.apply_async((job_id,), countdown=LEDGER_REFRESH_DEBOUNCE_S)
+
+def events_follow_up(*, job_id: int, kinds: list[str]) -> None:
+    """In the worker: tell the apps to the right that `job_id` has new events of
+    `kinds`, and have its ledger refreshed. The work they ask for is recorded with
+    this task's claim of its outbox row, in one transaction: all of it or none."""
+    with transaction.atomic():
+        outbox_claim(task=EVENTS_STORED_TASK, key=str(job_id))
+        outbox_enqueue(
+            [Work("jobs.ledger_refresh", str(job_id), [job_id], LEDGER_REFRESH_DEBOUNCE_S)]
+        )
+        for receiver, result in events_stored.send_robust(
+            sender=TrainingJob, job_ids=[job_id], kinds={job_id: set(kinds)}
+        ):
+            if isinstance(result, Exception):
+                logger.error("events_stored receiver %r failed: %r", receiver, result)
 
 
 def ledger_snapshot_refresh(*, job: TrainingJob) -> bool:

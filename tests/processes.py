@@ -45,10 +45,18 @@ def _stop(process: subprocess.Popen, timeout: float = 20) -> str:
 
 
 @contextlib.contextmanager
-def celery_worker(loglevel: str = "INFO"):
+def celery_worker(
+    loglevel: str = "INFO",
+    *,
+    env: dict | None = None,
+    beat_schedule: Path | None = None,
+    logfile: Path | None = None,
+):
     """A worker process on the project's broker and a queue of its own; tasks this
     process sends go to that queue meanwhile. Yields the process; its output is
-    in `.output` once it has stopped."""
+    in `.output` once it has stopped. `env` goes on top of the defaults (a REDIS_URL
+    of the test's own); with `beat_schedule` it runs beat too, as scripts/run does;
+    with `logfile` its log goes there (a long, chatty run would fill the pipe)."""
     queue = f"test-{uuid.uuid4().hex[:8]}"
     eager, default_queue = app.conf.task_always_eager, app.conf.task_default_queue
     app.conf.task_always_eager = False
@@ -58,9 +66,14 @@ def celery_worker(loglevel: str = "INFO"):
         "DATABASE_URL": database_url(),
         "REBOUND_CELERY_QUEUE": queue,
         "REBOUND_RECOVERY_DRIVER": "noop",  # a test gives its cluster a driver of its own
+        **(env or {}),
     }
     cmd = [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool", "solo"]
     cmd += ["--without-gossip", "--without-mingle", "--loglevel", loglevel, "-Q", queue]
+    if beat_schedule is not None:
+        cmd += ["--beat", "--schedule", str(beat_schedule)]
+    if logfile is not None:
+        cmd += ["--logfile", str(logfile)]
     worker = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

@@ -6,11 +6,12 @@ from datetime import timedelta
 import pytest
 from django.conf import settings
 from django.core.cache import cache
+from django.db import connection
 from django.utils import timezone
 
 from incidents import services, tasks
-from incidents.models import Incident
-from jobs.models import Node, TrainingJob
+from incidents.models import DetectorState, Incident, SweepState
+from jobs.models import Event, Node, TrainingJob
 
 pytestmark = pytest.mark.django_db
 
@@ -49,13 +50,9 @@ def heard(node, seconds_ago):
 @pytest.fixture
 def sweeping():
     """A sweep that has run without a break for the last ten minutes."""
-    cache.delete(services._SWEEP_KEY)
     services.incidents_sweep(now=NOW - timedelta(seconds=600))  # it began then
-    since = cache.get(services._SWEEP_KEY)["since"]
     # ... and ran every 15 s since (what the 39 runs in between leave behind).
-    cache.set(services._SWEEP_KEY, {"at": NOW.timestamp() - 15, "since": since})
-    yield
-    cache.delete(services._SWEEP_KEY)
+    SweepState.objects.filter(pk=1).update(at=NOW - timedelta(seconds=15))
 
 
 @pytest.fixture
@@ -100,7 +97,6 @@ def test_a_cluster_nothing_arrives_from_is_not_judged(two_jobs, sweeping):
 
 
 def test_nothing_is_judged_until_the_sweep_has_run_without_a_break(two_jobs):
-    cache.delete(services._SWEEP_KEY)
     assert services.incidents_sweep(now=NOW).judged == []  # the first run
     # The sweep stopped (the console was down) and came back: older silences are
     # the console's own deafness, not the job's.
@@ -121,3 +117,67 @@ def test_the_worker_runs_the_sweep_on_a_schedule():
     assert entry["task"] == tasks.sweep.name == "incidents.sweep"
     assert entry["schedule"] == services.SWEEP_EVERY_S
     tasks.sweep()  # and it runs (nothing to judge)
+
+
+def test_the_sweeps_memory_outlives_a_wiped_cache(two_jobs, sweeping):
+    """A Redis restart wipes the cache: the sweep's unbroken run is not forgotten with it,
+    so the jobs that fell silent meanwhile are still judged."""
+    cache.clear()
+    assert services.incidents_sweep(now=NOW).judged == ["quiet"]
+    assert Incident.objects.filter(job__key="quiet").exists()
+
+
+def poison(job_key, attempt=1):
+    """A fault whose xid no incident can hold (beyond the column's integer range),
+    stored as if an older server had let it in."""
+    job = TrainingJob.objects.get(key=job_key)
+    Event.objects.create(
+        job=job,
+        client_id="poison",
+        kind="fault",
+        ts=T0 + 50,
+        attempt=attempt,
+        node="n0",
+        data={"type": "gpu_xid", "xid": 2**31},
+        received_at=NOW,
+    )
+    return job
+
+
+@pytest.mark.postgres  # SQLite stores any integer: nothing is refused there
+def test_a_job_whose_pass_fails_is_reported_and_stops_no_other(two_jobs, sweeping, caplog):
+    assert connection.vendor == "postgresql"
+    received("busy", 200)  # both silent now; n1 still heard, so the cluster is not deaf
+    job = poison("quiet")
+    result = services.incidents_sweep(now=NOW)
+    assert sorted(result.judged) == ["busy", "quiet"]
+    assert Incident.objects.filter(job__key="busy").exists()  # the other job was judged
+    # The poisoned job's other findings are judged too; the one it cannot store is reported.
+    state = DetectorState.objects.get(job=job)
+    assert state.failed_at is not None and "out of range" in state.failure
+    assert any(
+        r.levelname == "ERROR" and "quiet" in r.getMessage() and "out of range" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+@pytest.mark.postgres
+def test_a_crash_after_a_poison_row_still_opens_its_incident(ingest, caplog):
+    """One bad row does not stop detection for its job: a later launch's crash opens."""
+    assert ingest(launch("j", node="n0")).status_code == 202
+    poison("j")
+    later = [
+        {"id": "s2", "job": "j", "kind": "attempt_started", "ts": T0 + 200, "attempt": 2}
+        | {"data": {"world_size": 2, "nodes": ["n0"]}},
+        {"id": "f2", "job": "j", "kind": "fault", "ts": T0 + 260, "attempt": 2}
+        | {"data": {"type": "crash"}, "node": "n0"},
+        {"id": "e2", "job": "j", "kind": "attempt_ended", "ts": T0 + 261, "attempt": 2}
+        | {"data": {"reason": "failed"}},
+    ]
+    assert ingest(later).status_code == 202
+    job = TrainingJob.objects.get(key="j")
+    tasks.open_reported(job.id)
+    tasks.detect_job(job.id)
+    assert Incident.objects.filter(job=job, attempt=2, fault_type="crash").exists()
+    assert "out of range" in DetectorState.objects.get(job=job).failure
+    assert any(r.levelname == "ERROR" and "j" in r.getMessage() for r in caplog.records)

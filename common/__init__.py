@@ -1,0 +1,1 @@
+"""What every app shares and nothing domain: imports no app of the project."""
