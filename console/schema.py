@@ -9,6 +9,7 @@
   in `extend_schema(request={media_type: ...})`); a view declares the others it gives
   (409, 413) and may describe any of them in its own words, and they get the error shape;
 - query parameters as the views read them: an empty value is no value, no NUL;
+- string fields of request bodies as DRF reads them: no NUL, not blank unless allowed;
 - PATCH bodies as their serializers validate them: no view here reads a partial body;
 - a serializer with `refuses_unknown_fields = True` documents a closed object.
 """
@@ -16,6 +17,7 @@
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import ResolvedComponent
+from rest_framework import serializers
 
 ERROR_COMPONENT = "Error"
 ERROR_SCHEMA = {
@@ -56,6 +58,9 @@ ERROR_DESCRIPTIONS = {
     "503": "the database is away for a moment: retry after `Retry-After` seconds",
 }
 NO_NUL_PATTERN = r"^[^\u0000]*$"
+# Python's str.strip() whitespace, spelled out: ECMA's \s is not quite the same set.
+_SPACE = r"\t\n\v\f\r \u001c-\u001f\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+NOT_BLANK_PATTERN = rf"^[^\u0000]*[^\u0000{_SPACE}][^\u0000]*$"
 RETRY_AFTER = {
     "Retry-After": {
         "schema": {"type": "integer", "minimum": 0},
@@ -129,6 +134,20 @@ class ReboundAutoSchema(AutoSchema):
         if body and not isinstance(self.get_request_serializer(), dict):
             codes.add("415")
         return codes
+
+    def _map_serializer_field(self, field, direction, bypass_extensions=False):
+        schema = super()._map_serializer_field(field, direction, bypass_extensions)
+        if (
+            direction == "request"
+            and isinstance(field, serializers.CharField)
+            and schema.get("type") == "string"
+            and not {"enum", "pattern"} & set(schema)
+        ):
+            # DRF refuses a NUL in any string, and a blank one (once trimmed) where
+            # blank is not allowed.
+            blank_refused = field.trim_whitespace and not field.allow_blank
+            schema["pattern"] = NOT_BLANK_PATTERN if blank_refused else NO_NUL_PATTERN
+        return schema
 
     def _map_basic_serializer(self, serializer, direction):
         schema = super()._map_basic_serializer(serializer, direction)
