@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from incidents.models import DetectorSetting, Incident, TimelineEntry
+from incidents.models import DetectorSetting, DetectorState, Incident, TimelineEntry
 
 
 class TimelineInline(admin.TabularInline):
@@ -41,3 +41,13 @@ class DetectorSettingAdmin(admin.ModelAdmin):
 
     list_display = ["name", "value", "cluster", "job", "updated_at", "updated_by"]
     list_filter = ["name", "cluster"]
+
+
+@admin.register(DetectorState)
+class DetectorStateAdmin(admin.ModelAdmin):
+    """What detection keeps per job; `failure` says why its last pass could not judge
+    something (also logged at ERROR), until a clean pass clears it."""
+
+    list_display = ("job", "updated_at", "last_pass_s", "failed_at", "failure")
+    list_filter = (("failed_at", admin.EmptyFieldListFilter),)
+    readonly_fields = ("job", "data", "updated_at", "last_pass_s", "failed_at", "failure")

@@ -24,7 +24,7 @@ pytestmark = [
     pytest.mark.postgres,  # the worker and the server share the test database
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server"),
-    pytest.mark.timeout(150),
+    pytest.mark.timeout(300),  # gunicorn and the worker start slowly on a busy machine
 ]
 
 
