@@ -8,7 +8,6 @@ problem (index, field, reason) instead of stopping at the first.
 import json
 import math
 import re
-import sys
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -61,8 +60,6 @@ INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 INT32_MIN = -(2**31)
 INT64_MIN = -(2**63)
-# The largest number a double holds: an integer past it cannot become a float column.
-FLOAT_MAX = sys.float_info.max
 # RFC 3339's date-time (section 5.6): 'T' and 'Z' in either case, an offset required,
 # ASCII digits only. Python's fromisoformat alone also takes '2026-11-30 08:00:00Z',
 # '20261130T080000Z', week dates and offsets without a colon.
@@ -137,10 +134,10 @@ def _int_range(lo, hi):
 
 
 def _num_min(lo, isfinite=math.isfinite):
-    # _is_number inlined: this runs for most fields of most events. An integer past
-    # what a double holds is refused before isfinite would overflow on it.
+    # _is_number inlined: this runs for most fields of most events. An integer is held
+    # to 64 bits: orjson writes no more, and isfinite would overflow past a double.
     return lambda v: (
-        ((type(v) is float and isfinite(v)) or (type(v) is int and v <= FLOAT_MAX)) and v >= lo
+        ((type(v) is float and isfinite(v)) or (type(v) is int and v <= INT64_MAX)) and v >= lo
     )
 
 
@@ -159,7 +156,9 @@ def _node_list(v, match=NODE_NAME.match):
 def _any_number(v):
     t = type(v)
     return (
-        t is float or (t is int and -FLOAT_MAX <= v <= FLOAT_MAX) or (t is str and v in NON_FINITE)
+        t is float
+        or (t is int and INT64_MIN <= v <= INT64_MAX)  # as in _num_min
+        or (t is str and v in NON_FINITE)
     )
 
 
