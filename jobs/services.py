@@ -265,10 +265,13 @@ def job_reopen(*, job: TrainingJob, actor: str, reason: str = "") -> TrainingJob
 
 # What ingest hands on (common.outbox): per job, one `jobs.events_stored` task that
 # announces the new events (the signal) and asks for a ledger refresh. A launch that
-# began or ended, or a fault, is announced at once; other kinds within
-# EVENTS_STORED_DEBOUNCE_S, all the batches of that window in one announcement.
+# began or ended, a fault or a saved checkpoint (a replacement may wait for it) is
+# announced at once; other kinds within EVENTS_STORED_DEBOUNCE_S, all the batches
+# of that window in one announcement.
 EVENTS_STORED_TASK = "jobs.events_stored"
-PROMPT_KINDS = frozenset({"attempt_started", "attempt_ended", "fault", "job_finished"})
+PROMPT_KINDS = frozenset(
+    {"attempt_started", "attempt_ended", "fault", "checkpoint_saved", "job_finished"}
+)
 EVENTS_STORED_DEBOUNCE_S = 1
 # A busy job sends many batches a second; one refresh per job in this window is enough.
 LEDGER_REFRESH_DEBOUNCE_S = 5

@@ -1,8 +1,10 @@
 """What the jobs app announces to the apps to its right (incidents, recovery).
 
-`events_stored` is sent after an ingest commits, with `sender=TrainingJob`,
-`job_ids` (the jobs that got new events) and `kinds` ({job id: set of the
-event kinds stored}). Receivers must be quick: they hand work to Celery.
+`events_stored` is sent after an ingest commits (by the `jobs.events_stored` task,
+in the worker, inside a transaction: see jobs.services.events_follow_up), with
+`sender=TrainingJob`, `job_ids` (the jobs that got new events) and `kinds` ({job
+id: set of the event kinds stored}). Receivers must be quick: they hand work to
+Celery, best through the outbox (common.outbox), so it commits with the rest.
 
 `ledger_refreshed` is sent (inside the refresh task) after a job's cumulative
 ledger was recomputed, with `job`, `ledger` (jobs.accounting.Ledger) and
