@@ -601,7 +601,7 @@ def _history_conflicts(jobs, fresh, lifecycle, attempts, finishes) -> list[dict]
                 "reason": (
                     f"job {e.job!r} finished at {finished_at}; launch {e.attempt}"
                     f" ({'started' if start else 'an event'} at {_iso(dt(when))}) would be a"
-                    " new launch after it (an operator may reopen the job)"
+                    " new launch after it; an operator may reopen the job"
                 ),
                 "stored": {"finished_at": finished_at},
             }

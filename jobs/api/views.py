@@ -160,7 +160,7 @@ class IngestView(APIView):
             more = len(exc.conflicts) - 1
             detail = first["reason"] + (f"; and {more} more" if more else "")
             if "finished_at" in first["stored"]:
-                detail += f" through POST /api/v1/jobs/{first['job']}/reopen"
+                detail += f" (POST /api/v1/jobs/{first['job']}/reopen)"
             raise ApiError(
                 409,
                 "history_conflict",
