@@ -125,8 +125,7 @@ def last_hour(job: TrainingJob, recent: dict | None, exact_left: int) -> dict | 
         **recent,
         "note": "",
         "title": f"productive time / elapsed time over the job's last {window} (its own"
-        " clock): the current launch stepped through all of it, so this is its ledger's"
-        " figure",
+        " clock), as its ledger counts it: the current launch ran through all of it",
     }
     if not recent["lower_bound"]:
         return out
