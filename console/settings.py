@@ -193,6 +193,7 @@ SPECTACULAR_SETTINGS = {
         "ActionKindEnum": "recovery.models.Action.Kind",
         "ActionStateEnum": "recovery.models.Action.State",
         "IncidentStateEnum": "incidents.models.Incident.State",
+        "NodeStateEnum": "jobs.models.Node.State",
     },
 }
 

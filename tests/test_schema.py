@@ -117,3 +117,10 @@ def test_the_ingest_schema_names_each_kinds_data_fields_as_the_wire_checks_them(
     assert "attempt" not in by_kind["heartbeat"]["required"]
     assert "node" in by_kind["heartbeat"]["required"]
     assert "attempt" in by_kind["step"]["required"]
+
+
+def test_the_schema_is_generated_without_a_warning(tmp_path):
+    """A warning is a field or an answer drf-spectacular had to guess."""
+    from django.core.management import call_command
+
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", tmp_path / "s.yaml")

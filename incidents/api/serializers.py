@@ -5,6 +5,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from incidents.models import Incident, TimelineEntry
+from jobs.models import Node
 
 
 class IncidentSerializer(serializers.ModelSerializer):
@@ -116,7 +117,7 @@ class ReliabilitySerializer(serializers.Serializer):
 class NodeSerializer(serializers.Serializer):
     cluster = serializers.CharField(source="cluster.name")
     name = serializers.CharField()
-    state = serializers.CharField()
+    state = serializers.ChoiceField(choices=Node.State.choices)
     gpus = serializers.IntegerField(allow_null=True)
     last_heartbeat_at = serializers.DateTimeField(allow_null=True)
     incidents_7d = serializers.IntegerField()

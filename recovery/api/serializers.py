@@ -4,6 +4,8 @@ and the bodies of the commands (propose, approve, reject, cancel, pause)."""
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from incidents.models import Incident
+from jobs.models import Node, TrainingJob
 from recovery.models import Action, ActionAudit, ClusterRecoverySettings
 from recovery.policies import TRIGGERS
 
@@ -57,10 +59,10 @@ class ActionAuditSerializer(serializers.ModelSerializer):
 
 class EvidenceIncidentSerializer(serializers.Serializer):
     id = serializers.IntegerField()
-    cause = serializers.CharField()
+    cause = serializers.ChoiceField(choices=Incident.Cause.choices)
     fault_type = serializers.CharField()
-    severity = serializers.CharField()
-    state = serializers.CharField()
+    severity = serializers.ChoiceField(choices=Incident.Severity.choices)
+    state = serializers.ChoiceField(choices=Incident.State.choices)
     summary = serializers.CharField()
     nodes = serializers.ListField(child=serializers.CharField())
     fault_at = serializers.DateTimeField()
@@ -70,13 +72,13 @@ class EvidenceIncidentSerializer(serializers.Serializer):
 
 class EvidenceNodeSerializer(serializers.Serializer):
     name = serializers.CharField()
-    state = serializers.CharField()
+    state = serializers.ChoiceField(choices=Node.State.choices)
     state_changed_at = serializers.DateTimeField()
 
 
 class EvidenceJobSerializer(serializers.Serializer):
     key = serializers.CharField()
-    status = serializers.CharField()
+    status = serializers.ChoiceField(choices=TrainingJob.Status.choices)
     attempt = serializers.IntegerField(allow_null=True)
     world_size = serializers.IntegerField(allow_null=True)
     nodes = serializers.ListField(child=serializers.CharField())
@@ -161,7 +163,7 @@ class PauseSerializer(serializers.Serializer):
 
 
 class PolicyRuleSerializer(serializers.Serializer):
-    kind = serializers.CharField()
+    kind = serializers.ChoiceField(choices=Action.Kind.choices)
     mode = serializers.CharField()
     source = serializers.CharField(help_text='"default", "cluster:<name>" or "job:<key>"')
 
