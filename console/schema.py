@@ -11,10 +11,15 @@
 - query parameters as the views read them: an empty value is no value, no NUL;
 - string fields of request bodies as DRF reads them: no NUL, not blank unless allowed;
 - PATCH bodies as their serializers validate them: no view here reads a partial body;
-- a serializer with `refuses_unknown_fields = True` documents a closed object.
+- a serializer with `refuses_unknown_fields = True` documents a closed object;
+- a fault injection's body, one shape per kind.
 """
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from django.core.validators import RegexValidator
+from drf_spectacular.extensions import (
+    OpenApiAuthenticationExtension,
+    OpenApiSerializerExtension,
+)
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import ResolvedComponent
 from rest_framework import serializers
@@ -82,6 +87,35 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
         }
 
 
+class FaultRequestScheme(OpenApiSerializerExtension):
+    """A fault injection, one shape per kind: each kind requires what it needs
+    (recovery.faults.FAULTS), and a slow factor is at least 1."""
+
+    target_class = "recovery.api.serializers.FaultSerializer"
+
+    def map_serializer(self, auto_schema, direction):
+        from recovery.faults import FAULTS
+
+        base = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        shapes = []
+        for kind, fault in FAULTS.items():
+            # Wrapped: drf-spectacular's enum hook would merge the kinds' one-value enums.
+            only_this_kind = {"allOf": [{"type": "string", "enum": [kind]}]}
+            properties = {**base["properties"], "kind": only_this_kind}
+            if kind == "slow":
+                properties["factor"] = {**properties["factor"], "minimum": 1}
+            shapes.append(
+                {
+                    "type": "object",
+                    "title": kind,
+                    "description": fault.what,
+                    "properties": properties,
+                    "required": ["kind", *fault.needs],
+                }
+            )
+        return {"oneOf": shapes, "description": base.get("description", "")}
+
+
 class ReboundAutoSchema(AutoSchema):
     def get_operation(self, path, path_regex, path_prefix, method, registry):
         operation = super().get_operation(path, path_regex, path_prefix, method, registry)
@@ -142,6 +176,7 @@ class ReboundAutoSchema(AutoSchema):
             and isinstance(field, serializers.CharField)
             and schema.get("type") == "string"
             and not {"enum", "pattern"} & set(schema)
+            and not any(isinstance(v, RegexValidator) for v in field.validators)
         ):
             # DRF refuses a NUL in any string, and a blank one (once trimmed) where
             # blank is not allowed.

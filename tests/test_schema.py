@@ -124,3 +124,14 @@ def test_the_schema_is_generated_without_a_warning(tmp_path):
     from django.core.management import call_command
 
     call_command("spectacular", "--validate", "--fail-on-warn", "--file", tmp_path / "s.yaml")
+
+
+def test_a_fault_injection_requires_what_its_kind_needs(schema):
+    from recovery.faults import FAULTS
+
+    shapes = schema["components"]["schemas"]["FaultRequest"]["oneOf"]
+    by_kind = {s["properties"]["kind"]["allOf"][0]["enum"][0]: s for s in shapes}
+    assert set(by_kind) == set(FAULTS)
+    for kind, fault in FAULTS.items():
+        assert set(by_kind[kind]["required"]) == {"kind", *fault.needs}, kind
+    assert by_kind["slow"]["properties"]["factor"]["minimum"] == 1
