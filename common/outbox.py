@@ -47,6 +47,8 @@ def outbox_enqueue(works: list[Work]) -> None:
     if not works:
         return
     now = timezone.now()
+    # One request per (task, key): the first due wins, as when merging into a stored row.
+    works = list({(w.task, w.key): w for w in sorted(works, key=lambda w: -w.delay_s)}.values())
     due = {(w.task, w.key): now + timedelta(seconds=w.delay_s) for w in works}
     if connection.vendor == "postgresql":
         kept = _upsert_postgresql(works, due, now)

@@ -213,6 +213,12 @@ if REDIS_URL:
         # An unacknowledged task (its worker died) is delivered again after this;
         # above the longest task time limit (120 s).
         "visibility_timeout": 300,
+        # A send that finds the broker away gives up after one quick retry (kombu's
+        # default_channel otherwise keeps reconnecting for broker_connection_timeout).
+        "max_retries": 1,
+        "interval_start": 0,
+        "interval_step": 0.2,
+        "interval_max": 0.5,
     }
 else:
     for sub in ("out", "processed"):

@@ -75,12 +75,22 @@ def celery_worker(
     if logfile is not None:
         cmd += ["--logfile", str(logfile)]
     worker = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=beat_schedule is not None,  # beat is a child process
     )
     try:
         yield worker
     finally:
         app.conf.task_always_eager, app.conf.task_default_queue = eager, default_queue
+        if beat_schedule is not None and worker.poll() is not None:
+            # The worker died: its beat, left behind, would hold the output pipe open.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(worker.pid, signal.SIGKILL)
         worker.output = _stop(worker)
 
 

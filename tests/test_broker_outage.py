@@ -83,6 +83,7 @@ def stack(tmp_path, redis_server):
         finally:
             server.stop()
     assert "Unrecoverable error" not in log.read_text()
+    assert worker.returncode == 0, worker.output[-3000:]  # a warm shutdown, at the end
 
 
 T0 = time.time() - 600

@@ -55,6 +55,19 @@ def test_a_second_request_merges_into_the_waiting_one(django_capture_on_commit_c
     assert row.due_at <= timezone.now()
 
 
+def test_two_requests_for_one_row_in_one_call_merge(django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks() as sent:
+        outbox_enqueue(
+            [
+                Work("jobs.ledger_refresh", "7", [7], delay_s=5),
+                Work("jobs.ledger_refresh", "7", [7]),
+            ]
+        )
+    assert len(sent) == 1
+    [row] = OutboxEntry.objects.all()
+    assert row.due_at <= timezone.now()
+
+
 def test_nothing_is_sent_when_the_transaction_rolls_back(django_capture_on_commit_callbacks):
     with (
         django_capture_on_commit_callbacks() as sent,
