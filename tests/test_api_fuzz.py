@@ -27,7 +27,7 @@ JOB = "fuzz-job"
 T0 = 1_790_000_000.0
 # Each case goes out with each of these: the four scopes of tests/conftest.py and no token.
 SCOPES = ("ingest", "viewer", "operator", "admin", None)
-MAX_EXAMPLES = 12  # generated cases per operation
+MAX_EXAMPLES = 20  # generated cases per operation
 CONFIG = schemathesis.Config.from_dict(
     {
         # a request must be expressible as a real request
