@@ -59,7 +59,7 @@ ERROR_DESCRIPTIONS = {
     "404": "no such object, or no such page",
     "409": "the state does not allow it",
     "413": "the body is too large",
-    "415": "the body is not JSON",
+    "415": "a body of a content type the operation does not read",
     "503": "the database is away for a moment: retry after `Retry-After` seconds",
 }
 NO_NUL_PATTERN = r"^[^\u0000]*$"
