@@ -144,10 +144,11 @@ def _retry_after(value: str | None) -> float | None:
 
 
 def _bad_indexes(body: bytes, n: int) -> set[int] | None:
-    """The event indexes a 400 names; None when it names none (the body as a whole)."""
+    """The event indexes a 400 (`errors`) or a 409 (`conflicts`) names; None when it
+    names none (the body as a whole)."""
     try:
-        errors = json.loads(body).get("errors")
-        bad = {e["index"] for e in errors}
+        answer = json.loads(body)
+        bad = {e["index"] for e in answer.get("errors") or answer.get("conflicts")}
     except (ValueError, AttributeError, TypeError, KeyError):
         return None
     if not bad or not all(type(i) is int and 0 <= i < n for i in bad):
@@ -793,14 +794,17 @@ class Reporter:
                 work.pop(0)
                 failures_in_row = 0
                 continue
-            if status == 400:
+            # 400: invalid events; 409: events that would rewrite a launch's history (a
+            # launch started twice, a new launch of a finished job). Neither is ever taken
+            # on a resend, so those events are dropped (logged) and the rest delivered.
+            if status in (400, 409):
                 bad = _bad_indexes(body, len(chunk))
                 if bad:
-                    self._reject([chunk[i] for i in sorted(bad)], body)
+                    self._reject([chunk[i] for i in sorted(bad)], body, status)
                     rest = [e for i, e in enumerate(chunk) if i not in bad]
                     work[0:1] = [rest] if rest else []
                     continue
-            if status in (400, 413):
+            if status in (400, 409, 413):
                 # Find the culprit by halves; a single event refused so is dropped.
                 if len(chunk) == 1:
                     self._reject(chunk, body, status)
@@ -881,7 +885,7 @@ class Reporter:
             self._rejected += len(entries)
             self._last_error = f"{status}: {body[:300].decode(errors='replace')}"
         logger.error(
-            "rebound reporter: the console rejected %d invalid event(s) %s with %d, dropped: %s",
+            "rebound reporter: the console refused %d event(s) %s with %d, dropped: %s",
             len(entries),
             ids[:20],
             status,

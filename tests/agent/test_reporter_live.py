@@ -86,6 +86,10 @@ class Trace:
         return {i for i, kind in self.ids.items() if kind in LIFECYCLE_KINDS}
 
 
+def trace_window(s):
+    return {"first_step": s, "last_step": s, "compute_s": 0.4, "step_s": 0.5}
+
+
 def stored():
     return dict(Event.objects.filter(job__key=JOB).values_list("client_id", "kind"))
 
@@ -136,6 +140,36 @@ def test_a_resend_is_a_duplicate_and_a_bad_event_is_dropped_alone(live_server, r
     assert again.stats["duplicates"] == 3 and again.stats["rejected"] == 1
     assert set(stored()) == {*trace.ids, good}
     assert bad in caplog.text and "data.step" in caplog.text
+
+
+def test_a_new_launch_of_a_finished_job_is_dropped_not_retried_forever(
+    live_server, reporter, caplog
+):
+    """The console refuses (409) events that would rewrite a finished job's history; a
+    reporter that kept them would be stuck behind them forever. It drops those, says so,
+    and goes on delivering what the console takes."""
+    r = reporter(live_server.url)
+    trace = Trace(r)
+    trace.start()
+    trace.step(1)
+    trace.emit("attempt_ended", {"reason": "completed", "exit_code": 0})
+    trace.emit("job_finished")
+    assert r.flush(10)
+    finished = set(stored())
+
+    again = reporter(live_server.url, attempt=2)
+    with caplog.at_level(logging.ERROR, logger="rebound.agent"):
+        restart = Trace(again)
+        restart.t = trace.t + 60  # a launch after the finish: a new launch of a finished job
+        restart.start()
+        restart.step(1)
+        assert again.flush(10), "the refused events must not block the queue"
+        # The reporter keeps working: a late event of the finished launch still goes in.
+        late = again.emit("rank_window", trace_window(1), ts=trace.t - 1, attempt=1, rank=1)
+        assert again.flush(10)
+    assert set(stored()) == finished | {late}
+    assert again.stats["rejected"] == len(restart.ids)
+    assert "409" in caplog.text and "history_conflict" in caplog.text
 
 
 def test_nothing_of_the_lifecycle_is_lost_or_doubled_through_an_outage(live_server, reporter):
