@@ -55,15 +55,17 @@ app.steps["consumer"].add(DrainOutboxOnConnect)
 
 
 def _guard_closed_channels() -> None:
-    """kombu's Redis transport can act on a channel of a connection that the consumer
-    already closed (`Connection.collect()` sets the transport's `client` to None):
-    after a broker restart, a late acknowledgement or a timer of the old connection
-    rebuilds the channel's connection pool from `self.connection.client.hostname`,
-    raising AttributeError("'NoneType' object has no attribute 'hostname'"). That is
-    no connection error, so it escaped the worker's recovery as "Unrecoverable error"
-    and the worker (and beat with it) exited. Raised as a connection error instead,
-    the acknowledgement is logged as lost (the message is delivered again) and the
-    consumer reconnects."""
+    """kombu's Redis transport can act on a channel of a connection already collected.
+    When the broker goes away, the worker's consumer first `collect()`s its connection
+    (which sets the transport's `client` to None but keeps the default channel), then
+    `close()`s it: closing the default channel restores its unacknowledged messages
+    (under load, with late acks, there are some), which rebuilds the channel's
+    connection pool from `self.connection.client.hostname`: AttributeError("'NoneType'
+    object has no attribute 'hostname'"). That is no connection error, so it escaped
+    `ignore_errors` as "Unrecoverable error" and the worker (and beat) exited. Raised as
+    a connection error, it is ignored there like the others (the messages come back
+    through the visibility timeout) and the consumer reconnects. The same holds for
+    any other late use of such a channel (an acknowledgement, a timer)."""
     try:
         from kombu.transport import redis as kombu_redis
     except ImportError:  # no redis client: the filesystem broker only
