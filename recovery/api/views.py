@@ -81,7 +81,11 @@ class ActionListView(generics.ListCreateAPIView):
             OpenApiParameter("job", str),
             OpenApiParameter("node", str),
             OpenApiParameter("kind", str, enum=Action.Kind.values),
-            OpenApiParameter("incident", {"type": "integer", "minimum": 0}, description="an id"),
+            OpenApiParameter(
+                "incident",
+                {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+                description="an id",
+            ),
         ]
     )
     def get(self, request, *args, **kwargs):
