@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import orjson
-from common import DEFAULT_DATABASE_URL, pg_connect, setup_django, verdict
+from harness import DEFAULT_DATABASE_URL, pg_connect, setup_django, verdict
 
 TARGET_S = 2.0
 JOB_KEY = "bench-accounting-1m"

@@ -5,7 +5,7 @@
         [--redis-url redis://127.0.0.1:6379/0]
 
 Everything runs on this machine, against the benchmarks' own database
-(`rebound_bench`, migrated by bench/common.setup_django) and Redis: a gunicorn
+(`rebound_bench`, migrated by bench/harness.setup_django) and Redis: a gunicorn
 console (sync workers, bench/gunicorn_conf.py, a var/ of its own) and one
 Celery worker (solo pool) on a Redis queue of this run's own, as in production.
 An ingest token for cluster `bench-agent` is issued for the run and deleted
@@ -92,7 +92,7 @@ import tempfile
 import time
 import uuid
 
-from common import DEFAULT_DATABASE_URL, ROOT, setup_django, verdict
+from harness import DEFAULT_DATABASE_URL, ROOT, setup_django, verdict
 from ingest import (
     children,
     free_port,

@@ -27,7 +27,7 @@ import time
 import uuid
 
 import requests
-from common import DEFAULT_DATABASE_URL, ROOT, setup_django, verdict
+from harness import DEFAULT_DATABASE_URL, ROOT, setup_django, verdict
 from ingest import free_port, start_server, stop_server, wait_ready
 
 TARGET_P95_S = 1.0

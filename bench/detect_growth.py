@@ -25,7 +25,7 @@ import sys
 import time
 import uuid
 
-from common import DEFAULT_DATABASE_URL, setup_django, verdict
+from harness import DEFAULT_DATABASE_URL, setup_django, verdict
 from ingest import JobStream
 
 BATCH = 1000

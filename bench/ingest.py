@@ -50,7 +50,7 @@ from datetime import UTC, datetime
 
 import orjson
 import requests
-from common import DEFAULT_DATABASE_URL, ROOT, pg_connect, setup_django, verdict
+from harness import DEFAULT_DATABASE_URL, ROOT, pg_connect, setup_django, verdict
 from psycopg.types.json import set_json_dumps
 
 TARGET_EVENTS_PER_S = 20_000

@@ -52,7 +52,7 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 import orjson
 import psycopg
-from common import setup_django, verdict
+from harness import setup_django, verdict
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/rebound_bench_pages"
 TARGET_P95_MS = 300.0

@@ -55,8 +55,8 @@ import time
 import uuid
 
 import requests
-from common import DEFAULT_DATABASE_URL, setup_django, verdict
 from detect import launch_events, post
+from harness import DEFAULT_DATABASE_URL, setup_django, verdict
 from ingest import free_port, start_server, start_worker, stop_server, wait_ready
 
 TARGET_P95_S = 1.0

@@ -21,6 +21,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from importlib import import_module
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -104,10 +105,13 @@ def _upsert_portable(works, due, now) -> dict[tuple[str, str], datetime]:
 
 
 def _task(name: str):
+    """The task registered as `name` ("<app>.<task>", defined in <app>/tasks.py)."""
     from celery import current_app
 
     if name not in current_app.tasks:
-        current_app.loader.import_default_modules()  # the apps' tasks modules
+        # Its own module only: Celery's import_default_modules would set Django up
+        # again (logging configured anew, system checks run) in the web process.
+        import_module(name.split(".", 1)[0] + ".tasks")
     return current_app.tasks[name]
 
 

@@ -31,12 +31,8 @@ def setup_django(url: str, *, migrate: bool = True) -> None:
     ensure_database(url)
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-    if str(ROOT) in sys.path:
-        sys.path.remove(str(ROOT))
-    sys.path.insert(0, str(ROOT))
-    # The project has an app named `common` too: this module steps aside for it.
-    if getattr(sys.modules.get("common"), "__file__", "") == __file__:
-        del sys.modules["common"]
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
     import django
 
     django.setup()
