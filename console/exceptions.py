@@ -120,9 +120,15 @@ def unavailable(request) -> HttpResponse:
 
 
 def _nul_parameter(request) -> str | None:
-    for name, values in request.GET.lists():
-        if "\x00" in name or any("\x00" in v for v in values):
-            return name.replace("\x00", "\\x00")
+    """The first query parameter, or form field of a page's POST, holding a NUL
+    (PostgreSQL stores none: it would fail a write as a 500)."""
+    fields = [request.GET]
+    if request.method == "POST" and not is_api(request):  # the API reads its own bodies
+        fields.append(request.POST)
+    for query in fields:
+        for name, values in query.lists():
+            if "\x00" in name or any("\x00" in v for v in values):
+                return name.replace("\x00", "\\x00")
     return None
 
 

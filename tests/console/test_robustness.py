@@ -322,3 +322,22 @@ def test_pages_keep_their_html_errors(client, personas):
     client.force_login(personas["viewer"].user)
     r = client.get("/jobs/no-such-job/")
     assert r.status_code == 404 and not r["Content-Type"].startswith("application/json")
+
+
+def test_a_nul_in_a_pages_form_is_a_400_naming_the_field(client, personas, odd_rows):
+    """Forms read without a Django form field (an approval's comment, a node action's
+    reason) would carry a NUL to PostgreSQL, which refuses it (a 500)."""
+    client.force_login(personas["operator"].user)
+    action = Action.objects.filter(state=Action.State.AWAITING_APPROVAL).first()
+    posts = [
+        (f"/approvals/{action.pk}/decide", {"decision": "reject", "comment": f"no{NUL}"}),
+        ("/nodes/east/rack1/gpu-001/act/", {"kind": "validate_node", "reason": f"x{NUL}y"}),
+    ]
+    for url, form in posts:
+        r = client.post(url, form)
+        assert r.status_code == 400, (url, r.status_code)
+        name = next(k for k, v in form.items() if NUL in v)
+        assert name in r.content.decode()
+    action.refresh_from_db()
+    assert action.state == Action.State.AWAITING_APPROVAL
+    assert not Action.objects.filter(kind=Action.Kind.VALIDATE_NODE).exists()
