@@ -235,7 +235,7 @@ else:
 CACHES = {
     "default": (
         {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "BACKEND": "common.cache.FailSoftRedisCache",
             "LOCATION": REDIS_URL,
             # The cache only saves work: a Redis that is away must not hold a request up.
             "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 2},
