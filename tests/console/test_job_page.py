@@ -20,7 +20,7 @@ from incidents.models import Incident
 from jobs import selectors
 from jobs.accounting import CATEGORIES
 from jobs.models import TrainingJob
-from jobs.services import cluster_get_or_create, events_ingest
+from jobs.services import cluster_get_or_create, events_ingest, job_reopen
 from jobs.wire import validate_events
 
 pytestmark = pytest.mark.django_db
@@ -325,7 +325,9 @@ def test_the_buckets_are_brought_up_to_date_with_what_ingest_adds(small):
     first = selectors.job_step_buckets(job=small)  # cached now
     assert first.step_width == 1
     # Another launch, long enough that the buckets coarsen: steps from the old launches
-    # are never read again, only the new rows.
+    # are never read again, only the new rows. The job had finished: an operator
+    # reopens it first (a new launch of a finished job is refused otherwise).
+    job_reopen(job=small, actor="operator", reason="one more launch")
     cluster = cluster_get_or_create(name="east")
     more = [
         e
