@@ -651,7 +651,8 @@ def _attribution_entry(incident: Incident, updates: dict, finding: Finding) -> N
     TimelineEntry.objects.create(
         incident=incident,
         kind=TimelineEntry.Kind.DETECTION,
-        at=dt(max(new) + 1e-6) if new else timezone.now(),
+        # A microsecond after the newest signal's own time (as its entry stores it).
+        at=dt(max(new)) + timedelta(microseconds=1) if new else timezone.now(),
         actor=f"detector:{incident.detector}",
         source="rebound",
         message=f"Re-attributed: {said(before)} → {said(after)}: {why}",
