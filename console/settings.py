@@ -278,6 +278,10 @@ CELERY_BEAT_SCHEDULE = {
 }
 # The driver of a cluster with no recovery settings of its own (recovery.drivers).
 REBOUND_RECOVERY_DRIVER = os.environ.get("REBOUND_RECOVERY_DRIVER", "local")
+# How far apart a job's detection passes and ledger refreshes are, at least, while its
+# events keep coming (seconds; the worker reads them, since it asks for that work).
+REBOUND_DETECT_DEBOUNCE_S = float(os.environ.get("REBOUND_DETECT_DEBOUNCE_S", "5"))
+REBOUND_LEDGER_DEBOUNCE_S = float(os.environ.get("REBOUND_LEDGER_DEBOUNCE_S", "5"))
 
 LOGGING = {
     "version": 1,

@@ -1,5 +1,7 @@
 """How incidents hear of the jobs app: new events, and a job's ledger recomputed."""
 
+from django.conf import settings
+
 from common.outbox import Work, outbox_enqueue
 from incidents.models import DetectorState, Incident
 from incidents.services import incidents_update_figures
@@ -13,7 +15,7 @@ EPISODE_KINDS = frozenset({"fault", "attempt_ended", "attempt_started"})
 # the outbox takes the later requests in); a pass reads only what is new, but one
 # that had to rebuild its state reads the whole history, so passes are also spaced
 # to keep them under a quarter of a worker's time.
-DEBOUNCE_S = 5
+DEBOUNCE_S = settings.REBOUND_DETECT_DEBOUNCE_S
 MAX_SHARE = 0.25
 
 

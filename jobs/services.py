@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import orjson
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
@@ -274,7 +275,7 @@ PROMPT_KINDS = frozenset(
 )
 EVENTS_STORED_DEBOUNCE_S = 1
 # A busy job sends many batches a second; one refresh per job in this window is enough.
-LEDGER_REFRESH_DEBOUNCE_S = 5
+LEDGER_REFRESH_DEBOUNCE_S = settings.REBOUND_LEDGER_DEBOUNCE_S
 
 
 def _follow_up(job_ids: list[int], kinds: dict[int, set[str]]) -> None:

@@ -25,9 +25,12 @@ TRAIN = {
 
 @pytest.fixture
 def quick_passes(monkeypatch):
-    """Detection and ledger passes a second after a batch, not five."""
+    """Detection and ledger passes a second after a batch, not five: here, and in the
+    worker processes a test starts (which ask for that work after an ingest)."""
     monkeypatch.setattr(receivers, "DEBOUNCE_S", 1)
     monkeypatch.setattr(job_services, "LEDGER_REFRESH_DEBOUNCE_S", 1)
+    monkeypatch.setenv("REBOUND_DETECT_DEBOUNCE_S", "1")
+    monkeypatch.setenv("REBOUND_LEDGER_DEBOUNCE_S", "1")
 
 
 def make_cluster(tmp_path, url, nodes=("n1", "n2", "n3", "n4")) -> LocalCluster:

@@ -6,7 +6,6 @@ import pytest
 from django.db import connection
 
 from console.celery import app
-from jobs import services
 from jobs.models import LedgerSnapshot, TrainingJob
 from jobs.tasks import ledger_refresh
 from tests.processes import celery_worker
@@ -54,7 +53,7 @@ def test_a_real_worker_refreshes_the_ledger_after_ingest(ingest, monkeypatch):
     that ingest sends on commit, and writes the snapshot to the same database."""
     if connection.vendor == "sqlite" and "memory" in str(connection.settings_dict["NAME"]):
         pytest.skip("an in-memory SQLite database cannot be shared with a worker process")
-    monkeypatch.setattr(services, "LEDGER_REFRESH_DEBOUNCE_S", 1)
+    monkeypatch.setenv("REBOUND_LEDGER_DEBOUNCE_S", "1")  # the worker asks for the refresh
     with celery_worker() as worker:
         assert ingest(events()).status_code == 202
         job = TrainingJob.objects.get(key="j1")
