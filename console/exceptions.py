@@ -15,11 +15,9 @@ from django.http import HttpResponse, JsonResponse
 from django.template.loader import render_to_string
 from django.urls import Resolver404, resolve
 from django.views import defaults
-from rest_framework import status
-from rest_framework.exceptions import NotAcceptable
-from rest_framework.negotiation import DefaultContentNegotiation
-from rest_framework.response import Response
-from rest_framework.views import exception_handler
+
+from common import errors
+from common.api import api_error
 
 API_PREFIX = "/api/"
 # How long a client waits before it retries while the database is away: about
@@ -45,45 +43,12 @@ KEPT_HEADERS = ("Allow", "Retry-After", "WWW-Authenticate", "Vary")
 logger = logging.getLogger("django.request")
 
 
-class ApiError(Exception):
-    """An application error with its HTTP status and any extra body fields."""
+class ApiError(errors.AppError):
+    """An error with its HTTP status, for code not yet raising `common.errors`."""
 
     def __init__(self, status_code: int, code: str, detail: str, **extra):
-        super().__init__(detail)
+        super().__init__(detail, code=code, **extra)
         self.status_code = status_code
-        self.code = code
-        self.detail = detail
-        self.extra = extra
-
-
-def api_exception_handler(exc, context):
-    if isinstance(exc, ApiError):
-        return Response(
-            {"error": exc.code, "detail": exc.detail, **exc.extra}, status=exc.status_code
-        )
-    response = exception_handler(exc, context)
-    if response is None:
-        return None  # not DRF's: ErrorAnswers.process_exception answers it
-    data = response.data
-    code = getattr(exc, "default_code", "error")
-    if isinstance(data, dict) and set(data) == {"detail"}:
-        code = getattr(data["detail"], "code", code)  # Http404 arrives as DRF's NotFound
-        response.data = {"error": code, "detail": str(data["detail"])}
-    elif response.status_code == status.HTTP_400_BAD_REQUEST:
-        response.data = {"error": "invalid", "detail": "The request is invalid.", "fields": data}
-    return response
-
-
-class FormatNegotiation(DefaultContentNegotiation):
-    """`?format=` the endpoint does not serve (the browsable API's `api`) is a 406
-    naming the formats it does, not DRF's 404 for an endpoint that exists."""
-
-    def filter_renderers(self, renderers, format):
-        found = [r for r in renderers if r.format == format]
-        if not found:
-            formats = ", ".join(sorted({r.format for r in renderers}))
-            raise NotAcceptable(f"format must be one of: {formats}.")
-        return found
 
 
 def is_api(request) -> bool:
@@ -94,10 +59,6 @@ def database_away(exc: BaseException | None) -> bool:
     """Whether `exc` says the database cannot be reached or dropped the connection
     (a restart, a fail-over, a network cut), rather than that a query is wrong."""
     return isinstance(exc, OperationalError | InterfaceError)
-
-
-def api_error(status_code: int, code: str, detail: str, **extra) -> JsonResponse:
-    return JsonResponse({"error": code, "detail": detail, **extra}, status=status_code)
 
 
 def page_error(status_code: int, title: str, detail: str) -> HttpResponse:

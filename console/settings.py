@@ -169,11 +169,11 @@ REST_FRAMEWORK = {
     # JSON only: people read the API at /api/v1/docs; the browsable API's pages
     # would answer errors as HTML and render for principals the console does not know.
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "console.exceptions.FormatNegotiation",
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "common.api.FormatNegotiation",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "console.schema.ReboundAutoSchema",
-    "EXCEPTION_HANDLER": "console.exceptions.api_exception_handler",
+    "EXCEPTION_HANDLER": "common.api.api_exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 
