@@ -25,6 +25,9 @@ class Incident(models.Model):
         RECOVERED = "recovered"
         RESOLVED = "resolved"
 
+    # The states of an incident still being worked on.
+    OPEN_STATES = (State.OPEN, State.MITIGATING)
+
     class Severity(models.TextChoices):
         CRITICAL = "critical"
         MAJOR = "major"

@@ -22,6 +22,7 @@ import numpy as np
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
+from common.time import dt
 from incidents import signals
 from incidents.models import DetectorState, Incident, SweepState, TimelineEntry
 from incidents.settings import detector_settings
@@ -29,7 +30,7 @@ from incidents.watch import Signal, Watch, steps_between, watch_job
 from incidents.xid import APPLICATION, HARDWARE, xid_class
 from jobs.accounting import compute_ledger, load_lifecycle, load_steps
 from jobs.models import Checkpoint, Cluster, Event, Node, TrainingJob
-from jobs.services import dt, node_mark_suspect
+from jobs.services import node_mark_suspect
 
 logger = logging.getLogger(__name__)
 
@@ -939,3 +940,26 @@ def incident_update_notes(
             data=changes,
         )
     return incident
+
+
+def timeline_entry_add(
+    *,
+    incident_id: int,
+    kind: str,
+    at,
+    actor: str,
+    message: str,
+    source: str = "",
+    data: dict | None = None,
+) -> TimelineEntry:
+    """Appends an entry to an incident's timeline (the timeline is append-only: other
+    apps record what they did to an incident through here)."""
+    return TimelineEntry.objects.create(
+        incident_id=incident_id,
+        kind=kind,
+        at=at,
+        actor=actor,
+        source=source,
+        message=message,
+        data=data or {},
+    )

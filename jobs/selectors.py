@@ -19,6 +19,43 @@ from jobs.models import (
 )
 
 
+def attempts_latest_first(job) -> QuerySet[Attempt]:
+    """A job's launches, newest first; `job` is a job, its id or an `OuterRef` (for a
+    subquery per job of an outer query)."""
+    return Attempt.objects.filter(job=job).order_by("-number")
+
+
+def job_latest_attempt(job, *, started: bool = False) -> Attempt | None:
+    """The job's newest launch; with `started`, its newest launch that has started,
+    falling back to the newest at all."""
+    attempts = attempts_latest_first(job)
+    if started:
+        return attempts.exclude(started_at=None).first() or attempts.first()
+    return attempts.first()
+
+
+def checkpoints_durable_latest_first(
+    job, *, saved_by=None, attempt: int | None = None
+) -> QuerySet[Checkpoint]:
+    """A job's durable checkpoints, newest first (by save time, then step); `job` as in
+    `attempts_latest_first`; `saved_by` keeps those saved at or before a time,
+    `attempt` those of one launch."""
+    qs = Checkpoint.objects.filter(job=job, durable=True).exclude(saved_at=None)
+    if saved_by is not None:
+        qs = qs.filter(saved_at__lte=saved_by)
+    if attempt is not None:
+        qs = qs.filter(attempt=attempt)
+    return qs.order_by("-saved_at", "-step")
+
+
+def job_latest_durable_checkpoint(
+    job, *, saved_by=None, attempt: int | None = None
+) -> Checkpoint | None:
+    """The checkpoint a relaunch of the job would restore (see
+    `checkpoints_durable_latest_first`)."""
+    return checkpoints_durable_latest_first(job, saved_by=saved_by, attempt=attempt).first()
+
+
 def job_list(*, cluster: str | None = None, status: str | None = None) -> QuerySet[TrainingJob]:
     latest_attempt = Attempt.objects.filter(job=OuterRef("pk")).order_by("-number")
     last_durable = Checkpoint.objects.filter(job=OuterRef("pk"), durable=True).order_by(

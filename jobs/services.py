@@ -20,6 +20,7 @@ from django.db.models import Max, Q
 from django.utils import timezone
 
 from common.outbox import Work, outbox_claim, outbox_enqueue
+from common.time import dt
 from jobs.accounting import compute_ledger, load_lifecycle, load_steps
 from jobs.bulk import (
     insert_ignoring_conflicts,
@@ -97,10 +98,6 @@ class JobsOfAnotherCluster(Exception):
 class IngestResult:
     accepted: int
     duplicates: int
-
-
-def dt(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, tz=UTC)
 
 
 def node_mark_suspect(*, node_id: int) -> bool:

@@ -11,6 +11,7 @@ from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from common.time import dt
 from console.exceptions import ApiError
 from incidents import selectors, services
 from incidents.api import serializers as s
@@ -23,7 +24,6 @@ from incidents.settings import (
 from jobs.api.params import choice_param, time_param
 from jobs.api.serializers import TIME_SCHEMA
 from jobs.models import Cluster, Node, TrainingJob
-from jobs.services import dt
 
 
 @extend_schema(
