@@ -15,10 +15,11 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.http import RFC3986_SUBDELIMS
 
-from console.charts import CATEGORY_COLOURS, OKABE_ITO, chart_script, figure
+from console.charts import OKABE_ITO, chart_script
+from console.charts.incidents import LOST_COLOURS, lost_figure, timeline_figure
 from console.pages.common import DayField, answer, can_operate, operator_post, viewer_page
 from incidents import selectors, services
-from incidents.models import Incident, TimelineEntry
+from incidents.models import Incident
 from jobs.models import Cluster
 from recovery.models import Action
 from recovery.selectors import action_list
@@ -27,17 +28,6 @@ PER_PAGE = 100
 ACTIONS_MAX = 100
 PRESETS = {"24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
 PRESET_LABELS = {"24h": "last 24 h", "7d": "last 7 days", "30d": "last 30 days"}
-# Colours of the timeline's rows, one per entry kind.
-KIND_COLOURS = {
-    TimelineEntry.Kind.SIGNAL: OKABE_ITO["vermillion"],
-    TimelineEntry.Kind.DETECTION: OKABE_ITO["orange"],
-    TimelineEntry.Kind.STATE_CHANGE: OKABE_ITO["blue"],
-    TimelineEntry.Kind.ACTION: OKABE_ITO["green"],
-    TimelineEntry.Kind.APPROVAL: OKABE_ITO["purple"],
-    TimelineEntry.Kind.NOTE: OKABE_ITO["sky"],
-}
-LOST_COLOURS = {**CATEGORY_COLOURS, "slowdown": OKABE_ITO["yellow"]}
-HOVER_CHARS = 300
 
 
 def duration(seconds: float | None) -> str:
@@ -176,69 +166,6 @@ def incident_list(request):
     )
 
 
-def _plotly_time(at: datetime) -> str:
-    """UTC without an offset: plotly.js ignores offsets, so the axis reads UTC."""
-    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
-
-
-def _timeline_figure(entries: list[TimelineEntry]) -> dict:
-    """The timeline on a time axis: one row (and trace) per kind of entry."""
-    kinds = [k for k in TimelineEntry.Kind.values if any(e.kind == k for e in entries)]
-    data = []
-    for kind in kinds:
-        mine = [e for e in entries if e.kind == kind]
-        label = kind.replace("_", " ")
-        data.append(
-            {
-                "type": "scatter",
-                "mode": "markers",
-                "name": label,
-                "x": [_plotly_time(e.at) for e in mine],
-                "y": [label] * len(mine),
-                "text": [f"{e.actor}: {e.message[:HOVER_CHARS]}" for e in mine],
-                "hovertemplate": "%{x}<br>%{text}<extra>" + label + "</extra>",
-                "marker": {"color": KIND_COLOURS.get(kind, OKABE_ITO["black"]), "size": 11},
-            }
-        )
-    return figure(
-        data,
-        "Timeline",
-        "time (UTC)",
-        "entry kind",
-        yaxis={"type": "category", "categoryorder": "array", "automargin": True},
-        height=max(220, 90 + 45 * len(kinds)),
-    )
-
-
-def _lost_figure(incident: Incident) -> dict:
-    """The lost GPU-hours by category: one stacked horizontal bar."""
-    label = f"#{incident.pk}"
-    data = [
-        {
-            "type": "bar",
-            "orientation": "h",
-            "name": name.replace("_", " "),
-            "x": [gpu_s / 3600.0],
-            "y": [label],
-            "marker": {"color": LOST_COLOURS.get(name, OKABE_ITO["grey"])},
-            "hovertemplate": "%{x:.3f} GPU-h<extra>" + name.replace("_", " ") + "</extra>",
-        }
-        for name, gpu_s in (incident.lost_breakdown or {}).items()
-        if gpu_s
-    ]
-    return figure(
-        data,
-        "Lost GPU-hours by category",
-        "GPU-hours",
-        "incident",
-        barmode="stack",
-        height=260,
-        yaxis={"type": "category"},
-        legend={"traceorder": "normal", "y": -0.6},
-        margin={"b": 110},
-    )
-
-
 def _clock_ahead(incident: Incident) -> str | None:
     """How far the job's clock runs ahead of Rebound's, when an incident was opened
     (Rebound's clock) before it was detected (the job's): None when it was not."""
@@ -278,8 +205,8 @@ def incident_detail(request, pk):
             "row": _row(incident, _Links()),
             "timeline": timeline,
             "shown": len(entries),
-            "timeline_chart": chart_script(_timeline_figure(entries), "timeline-chart"),
-            "lost_chart": chart_script(_lost_figure(incident), "lost-chart"),
+            "timeline_chart": chart_script(timeline_figure(entries), "timeline-chart"),
+            "lost_chart": chart_script(lost_figure(incident), "lost-chart"),
             "breakdown": breakdown,
             "actions": actions,
             "actions_total": actions_total,

@@ -12,7 +12,14 @@ from django.shortcuts import render
 from django.urls import path
 from django.utils import timezone
 
-from console.charts import OKABE_ITO, chart_script, figure
+from console.charts import chart_script
+from console.charts.reliability import (
+    FAILURES_COLOUR,
+    LOST_COLOUR,
+    cause_figure,
+    cause_label,
+    goodput_by_week_figure,
+)
 from console.pages.common import viewer_page
 from console.pages.incidents import ClusterPeriodForm, duration
 from incidents import selectors
@@ -22,10 +29,6 @@ DEFAULT_PRESET = "30d"  # as the API's default period
 PRESETS = {"7d": 7, "30d": 30, "90d": 90}
 PRESET_LABELS = {"7d": "last 7 days", "30d": "last 30 days", "90d": "last 90 days"}
 MAX_DAYS = 3 * 366  # a longer period is refused: its weeks would be unreadable anyway
-# One colour per chart: the bars' labels name the causes (ten causes would need more
-# distinguishable colours than Okabe-Ito has).
-FAILURES_COLOUR = OKABE_ITO["blue"]
-LOST_COLOUR = OKABE_ITO["vermillion"]
 
 
 class PeriodForm(ClusterPeriodForm):
@@ -74,56 +77,6 @@ def _day(value, plus: int = 0) -> datetime:
     return datetime.combine(value + timedelta(days=plus), time.min, tzinfo=UTC)
 
 
-def _label(cause: str) -> str:
-    return cause.replace("_", " ")
-
-
-def _cause_figure(
-    by_cause: dict, key: str, title: str, y_title: str, fmt: str, colour: str
-) -> dict:
-    # Failures: the causes that had one (a straggler's slowdown has none).
-    causes = [c for c in by_cause if key != "failures" or by_cause[c][key]]
-    return figure(
-        [
-            {
-                "type": "bar",
-                "name": y_title,
-                "x": [_label(c) for c in causes],
-                "y": [by_cause[c][key] for c in causes],
-                "marker": {"color": colour},
-                "hovertemplate": "%{x}: %{y" + fmt + "}<extra></extra>",
-            }
-        ],
-        title,
-        "cause",
-        y_title,
-    )
-
-
-def _goodput_figure(weeks: list[dict]) -> dict:
-    # A week with no GPU time stays on the axis, as a gap.
-    return figure(
-        [
-            {
-                "type": "bar",
-                "name": "goodput, GPU-weighted (estimated)",
-                "x": [w["week"] for w in weeks],
-                "y": [
-                    None if w["goodput"] is None else round(100 * w["goodput"], 2) for w in weeks
-                ],
-                "customdata": [[round(w["gpu_hours"], 1), w["jobs"]] for w in weeks],
-                "marker": {"color": OKABE_ITO["green"]},
-                "hovertemplate": "%{x}: %{y:.1f}% of %{customdata[0]} GPU-h,"
-                " %{customdata[1]} jobs<extra></extra>",
-            }
-        ],
-        "Goodput by week",
-        "ISO week (UTC)",
-        "goodput (%)",
-        yaxis={"range": [0, 100], "ticksuffix": "%"},
-    )
-
-
 @viewer_page
 def reliability(request):
     clusters = list(Cluster.objects.order_by("name").values_list("name", flat=True))
@@ -138,7 +91,7 @@ def reliability(request):
     total_lost = report["lost_gpu_hours"]
     causes = [
         {
-            "cause": _label(cause),
+            "cause": cause_label(cause),
             **figures,
             "lost_share": figures["lost_gpu_hours"] / total_lost if total_lost else 0.0,
         }
@@ -174,13 +127,13 @@ def reliability(request):
             "causes": causes,
             "offenders": [{**o, "clusters": where.get(o["node"], [])} for o in offenders],
             "failures_chart": chart_script(
-                _cause_figure(
+                cause_figure(
                     by_cause, "failures", "Failures by cause", "failures", ":d", FAILURES_COLOUR
                 ),
                 "failures-chart",
             ),
             "lost_chart": chart_script(
-                _cause_figure(
+                cause_figure(
                     by_cause,
                     "lost_gpu_hours",
                     "Lost GPU-hours by cause",
@@ -190,7 +143,9 @@ def reliability(request):
                 ),
                 "lost-chart",
             ),
-            "goodput_chart": chart_script(_goodput_figure(goodput["weeks"]), "goodput-chart"),
+            "goodput_chart": chart_script(
+                goodput_by_week_figure(goodput["weeks"]), "goodput-chart"
+            ),
         },
     )
 

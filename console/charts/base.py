@@ -1,10 +1,6 @@
-"""Plotly figures as plain dicts, built on the server from selector output, and
-the downsampling that keeps a 1,000,000-step series as cheap to draw as a small one.
-
-Figures are dicts (not plotly.graph_objects, whose validation costs more than the
-page's whole budget); templates embed them with `json_script` and static/js/console.js
-draws every element carrying `data-chart`.
-"""
+"""What every chart shares: the colours, the layout every figure starts from, line
+traces downsampled so a 1,000,000-step series costs what a small one does, the number
+formats the pages write, and the script element static/js/console.js draws from."""
 
 from __future__ import annotations
 
