@@ -16,9 +16,11 @@ describing what was done, kept as the action's output.
 
 Drivers: `local` (recovery.drivers.local, the machine's own LocalCluster of
 real processes), `noop` (records calls; for dry runs and tests) and `slurm`
-(recovery.drivers.slurm: scontrol, sbatch, squeue on a Slurm cluster).
-`kubernetes` (recovery.drivers.kubernetes) acts through the official client;
-it is tested against recorded API responses only.
+(the recovery.drivers.slurm package: scontrol, sbatch, squeue on a Slurm
+cluster; docs/drivers-slurm.md). `kubernetes` (the recovery.drivers.kubernetes
+package) acts through the official client; it is tested against recorded API
+responses only (docs/drivers-kubernetes.md). `burnin` is the GPU burn-in that
+validate_node runs, and how every driver builds its command and reads its answer.
 """
 
 from __future__ import annotations

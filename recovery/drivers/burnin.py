@@ -5,7 +5,8 @@ numbers). Run in a subprocess so a hung or crashing GPU takes only it down:
     python -m recovery.drivers.burnin --seconds 3 --size 1024 [--min-gflops 100]
 
 Prints one JSON object. Exit code 0: passed; 1: failed; 3: torch is missing.
-No Django here.
+No Django here. The drivers build the command line with `command()` and read
+the answer back with `result_from()`, so all three run and read it one way.
 """
 
 from __future__ import annotations
@@ -15,9 +16,40 @@ import hashlib
 import json
 import sys
 import time
+from pathlib import Path
 
 EXIT_FAILED = 1
 EXIT_NO_TORCH = 3
+# The checkout `python -m recovery.drivers.burnin` must run from (local, single-host Slurm).
+REPO = Path(__file__).resolve().parents[2]
+
+
+def command(*, seconds: float, size: int, min_gflops: float, python: str = "python") -> list[str]:
+    """The burn-in's command line, run with the interpreter `python`."""
+    return [
+        python,
+        "-m",
+        "recovery.drivers.burnin",
+        "--seconds",
+        f"{seconds:g}",
+        "--size",
+        str(size),
+        "--min-gflops",
+        f"{min_gflops:g}",
+    ]
+
+
+def result_from(output: str) -> dict | None:
+    """The burn-in's answer in its output: the last line that is a JSON object
+    (None when there is none)."""
+    for line in reversed(output.strip().splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
 
 
 def burn_in(*, seconds: float, size: int, device: str | None = None) -> dict:

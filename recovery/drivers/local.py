@@ -33,9 +33,7 @@ from pathlib import Path
 
 from agent import control
 from agent.cluster import ClusterError, LocalCluster
-from recovery.drivers import DriverError, DriverTransientError
-
-REPO = Path(__file__).resolve().parents[2]
+from recovery.drivers import DriverError, DriverTransientError, burnin
 
 
 class LocalDriver:
@@ -163,33 +161,23 @@ class LocalDriver:
                 "validate_node: torch is not installed here, so the burn-in cannot run",
                 output={"node": node, "passed": False, "error": "torch is not installed"},
             )
-        cmd = [
-            sys.executable,
-            "-m",
-            "recovery.drivers.burnin",
-            "--seconds",
-            str(self.burnin_seconds),
-            "--size",
-            str(self.burnin_size),
-            "--min-gflops",
-            str(self.min_gflops),
-        ]
+        cmd = burnin.command(
+            seconds=self.burnin_seconds,
+            size=self.burnin_size,
+            min_gflops=self.min_gflops,
+            python=sys.executable,
+        )
         try:
             proc = subprocess.run(
                 cmd,
-                cwd=REPO,
+                cwd=burnin.REPO,
                 capture_output=True,
                 text=True,
                 timeout=self.burnin_seconds * 4 + 120,
             )
         except subprocess.TimeoutExpired as exc:
             raise DriverError(f"validate_node: the burn-in of {node} hung") from exc
-        lines = proc.stdout.strip().splitlines()
-        try:
-            result = json.loads(lines[-1]) if lines else {}
-        except ValueError:
-            result = {}
-        result = {"node": node, **result}
+        result = {"node": node, **(burnin.result_from(proc.stdout) or {})}
         if proc.returncode != 0 or not result.get("passed"):
             why = (
                 "; ".join(result.get("problems") or [])

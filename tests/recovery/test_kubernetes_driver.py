@@ -37,7 +37,7 @@ from recovery.drivers import (
     DriverTransientError,
     get_driver,
 )
-from recovery.drivers.kubernetes import KubernetesDriver
+from recovery.drivers.kubernetes import KubernetesDriver, KubernetesOptions
 from recovery.models import ClusterRecoverySettings
 
 RECORDINGS = Path(__file__).parent / "k8s_recordings"
@@ -203,7 +203,7 @@ def make(api, clock):
             **options,
         }
         driver = KubernetesDriver(**options)
-        driver._now, driver._sleep = clock.now, clock.sleep
+        driver.kube.now, driver.kube.sleep = clock.now, clock.sleep
         return driver
 
     return make
@@ -819,7 +819,7 @@ def test_the_driver_is_registered_and_drives_a_cordon_action(api, cluster):
     )
     driver = get_driver(cluster)
     assert isinstance(driver, KubernetesDriver) and isinstance(driver, Driver)
-    assert (driver.namespace, driver.eviction_retries) == ("ml", 2)
+    assert (driver.options.namespace, driver.options.eviction_retries) == ("ml", 2)
     node = Node.objects.create(cluster=cluster, name="gpu-n01", gpus=8)
     api.on("GET", f"{NODES}/gpu-n01", "node-gpu-n01")
     api.on("PATCH", f"{NODES}/gpu-n01", "node-gpu-n01-cordoned-by-rebound")
@@ -837,3 +837,27 @@ def test_the_driver_is_registered_and_drives_a_cordon_action(api, cluster):
     annotations = api.sent("PATCH", f"{NODES}/gpu-n01")[0]["body"]["metadata"]["annotations"]
     assert annotations["rebound.dev/cordoned-by"] == f"rebound:action-{action.pk}"
     assert Node.objects.get(pk=node.pk).state == Node.State.CORDONED
+
+
+def test_options_are_read_once_into_a_frozen_dataclass():
+    """No API server is asked. The cluster's driver_options (JSON: numbers may
+    arrive as strings) become typed, frozen options; unknown keys are ignored
+    and a bad choice is refused when the driver is built, before any request."""
+    import dataclasses
+
+    opts = KubernetesDriver(
+        namespace="ml",
+        eviction_retries="3",
+        drain_wait_s=0,
+        burnin_command=["dcgmi", "diag", "-r", "2"],
+        something_else=1,
+    ).options
+    assert isinstance(opts, KubernetesOptions)
+    assert (opts.eviction_retries, opts.drain_wait_s) == (3, 0.0)
+    assert opts.burnin_namespace == "ml" and opts.burnin_command == ("dcgmi", "diag", "-r", "2")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.namespace = "other"
+    with pytest.raises(DriverError, match="workload must be job, jobset or none"):
+        KubernetesDriver(workload="deployment")
+    with pytest.raises(DriverError, match="restart_with must be delete or evict"):
+        KubernetesDriver(restart_with="kill")

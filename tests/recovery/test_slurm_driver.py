@@ -9,8 +9,10 @@ A requeued job may start again only after AuthInfo=cred_expire (here 5 s, so
 about 6-8 s); the tests that wait for a restart take that long.
 """
 
+import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -137,6 +139,24 @@ def test_errors_are_transient_or_permanent(tmp_path):
     assert not isinstance(info.value, DriverTransientError)
 
 
+def test_each_call_records_only_its_own_commands(tmp_path):
+    """Two calls at once on one driver (two worker threads) each list only the
+    changes they made: the recorder is per call, not on the driver."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    nodes = {"nodes": [{"name": n, "state": "idle", "state_flags": []} for n in ("n1", "n2")]}
+    (bin_dir / "sinfo").write_text(f"#!/bin/sh\necho '{json.dumps(nodes)}'\n")
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nsleep 0.5\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    d = SlurmDriver(bin_dir=str(bin_dir))
+    with ThreadPoolExecutor(2) as pool:
+        outs = list(pool.map(lambda n: d.cordon(n, key=KEY), ["n1", "n2"]))
+    assert [o["commands"] for o in outs] == [
+        [f"scontrol update nodename={n} state=drain 'reason={KEY} cordon'"] for n in ("n1", "n2")
+    ]
+
+
 def test_registered_and_chosen_per_cluster(db, tmp_path):
     from jobs.models import Cluster
     from recovery.models import ClusterRecoverySettings
@@ -150,7 +170,11 @@ def test_registered_and_chosen_per_cluster(db, tmp_path):
     )
     d = get_driver(cluster)
     assert isinstance(d, SlurmDriver) and isinstance(d, Driver)
-    assert (d.slurm_conf, d.partition, d.timeout) == ("/etc/slurm/x.conf", "gpu", 5.0)
+    assert (d.options.slurm_conf, d.options.partition, d.options.timeout) == (
+        "/etc/slurm/x.conf",
+        "gpu",
+        5.0,
+    )
 
 
 # on the real cluster
@@ -263,7 +287,9 @@ def test_rollback_submits_the_job_again_from_the_step(slurm, driver, tmp_path):
     # A job slurmctld does not know: launched from the `script` option, where asked.
     (tmp_path / "fresh.sbatch").write_text(f"#!/bin/sh\n{LONG}\n")
     scripted = SlurmDriver(
-        slurm_conf=str(slurm.conf), script=str(tmp_path / "{job}.sbatch"), output=driver.output
+        slurm_conf=str(slurm.conf),
+        script=str(tmp_path / "{job}.sbatch"),
+        output=driver.options.output,
     )
     out = scripted.restart_job("fresh", None, ["node4"], key=KEY)
     assert out["submitted"] is True and out["cancelled"] == []
