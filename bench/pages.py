@@ -17,7 +17,7 @@ database and seeds it anew):
 - 100 training jobs, most running, each with a few launches on those nodes
   (attempts), its lifecycle and step events, its step records, durable
   checkpoints, the rank windows of its latest launch, and its cached ledger
-  (jobs.selectors.job_goodput over those rows). One, `pages-1m`, has
+  (jobs.services.ledger_snapshot_ensure over those rows). One, `pages-1m`, has
   1,000,000 step executions in six launches on 128 ranks (a GPU Xid, a hang, a
   loss spike rolled back past its latest checkpoint, an NCCL timeout, a
   preemption, then the running one). Steps and rank windows go in as ingest
@@ -662,7 +662,7 @@ def seed_jobs(p: Plan) -> int:
     """Write the jobs not written yet (a job cut short is written again); returns how many."""
     from django.db import transaction
 
-    from jobs import selectors
+    from jobs import services
     from jobs.models import Attempt, Checkpoint, Node, TrainingJob
 
     done = done_jobs()
@@ -770,7 +770,7 @@ def seed_jobs(p: Plan) -> int:
         },
     )
     for job in todo:  # the cached ledger each page reads, computed from the rows
-        selectors.job_goodput(job=TrainingJob.objects.get(pk=ids[job.key]))
+        services.ledger_snapshot_ensure(job=TrainingJob.objects.get(pk=ids[job.key]))
     print(f"  attempts, checkpoints and ledgers in {time.perf_counter() - t:.1f} s")
     return len(todo)
 
