@@ -82,6 +82,7 @@ def main():
     from console.services import token_issue
     from incidents.models import Incident
     from jobs.models import Event, TrainingJob
+    from jobs.selectors import job_latest_attempt
 
     run_id = uuid.uuid4().hex[:8]
     token_obj, token = token_issue(scope="ingest", cluster_name="bench-detect")
@@ -153,7 +154,7 @@ def main():
                 sys.exit(f"run {run}: no incident within 20 s (is the worker up?)")
             received = Event.objects.get(job__key=job, client_id=f"{job}-fault").received_at
             latencies.append((incident.opened_at - received).total_seconds())
-        last_attempt = big.attempts.order_by("-number").first().number if big else None
+        last_attempt = job_latest_attempt(big).number if big else None
         for run in range(args.big_runs if big else 0):
             fault_id = f"bench-detect-{run_id}-big-{run}"
             fault = {

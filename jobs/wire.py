@@ -13,6 +13,8 @@ from datetime import datetime
 
 import orjson
 
+from common.errors import Invalid
+
 KINDS = frozenset(
     {
         "attempt_started",
@@ -84,11 +86,14 @@ NON_FINITE = {
 }
 
 
-class WireError(Exception):
+class WireError(Invalid):
     """The body as a whole is unusable (not JSON, wrong shape, too many events)."""
 
+    code = "invalid_body"
+
     def __init__(self, field: str, reason: str):
-        super().__init__(reason)
+        error = {"index": None, "field": field, "reason": reason}
+        super().__init__(f"{field}: {reason}", errors=[error])
         self.field = field
         self.reason = reason
 

@@ -10,8 +10,8 @@ from django.db.models import Max
 from agent.cluster import LocalCluster
 from console.services import token_issue
 from incidents import receivers
-from jobs import services as job_services
 from jobs.models import StepRecord
+from jobs.services import follow_up as job_follow_up
 
 TRAIN = {
     "global_batch": 8,
@@ -28,7 +28,7 @@ def quick_passes(monkeypatch):
     """Detection and ledger passes a second after a batch, not five: here, and in the
     worker processes a test starts (which ask for that work after an ingest)."""
     monkeypatch.setattr(receivers, "DEBOUNCE_S", 1)
-    monkeypatch.setattr(job_services, "LEDGER_REFRESH_DEBOUNCE_S", 1)
+    monkeypatch.setattr(job_follow_up, "LEDGER_REFRESH_DEBOUNCE_S", 1)
     monkeypatch.setenv("REBOUND_DETECT_DEBOUNCE_S", "1")
     monkeypatch.setenv("REBOUND_LEDGER_DEBOUNCE_S", "1")
 

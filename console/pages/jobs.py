@@ -33,6 +33,7 @@ from console.charts.jobs import (
 from console.pages.common import viewer_page
 from incidents import selectors as incident_selectors
 from jobs import selectors
+from jobs import services as job_services
 from jobs.accounting import CATEGORIES
 from jobs.step_stats import SLOW_FACTOR, job_checkpoint_cadence, job_step_times
 
@@ -74,7 +75,7 @@ def job_list(request):
     selectors.attach_summaries(jobs)
     rows = []
     for job in jobs:
-        figures = selectors.job_goodput(job=job, allow_stale=True)
+        figures = job_services.job_goodput(job=job, allow_stale=True)
         rows.append({"job": job, "figures": figures, "breakdown": _breakdown(figures)})
     return render(
         request,
@@ -189,13 +190,13 @@ def _snapshot_recent(job) -> bool:
 def job_detail(request, key):
     job = get_object_or_404(selectors.job_list(), key=key)
     selectors.attach_summaries([job])
-    figures = selectors.job_goodput(job=job, allow_stale=_snapshot_recent(job))
+    figures = job_services.job_goodput(job=job, allow_stale=_snapshot_recent(job))
     breakdown = _breakdown(figures)
-    buckets = selectors.job_step_buckets(job=job)
+    buckets = job_services.step_buckets_ensure(job=job)
     kept = selectors.kept_ranges(selectors.launch_order(buckets))
     launches = selectors.job_launches(job=job, limit=LAUNCHES_CHARTED)
     marks = incident_selectors.job_incident_marks(job=job, limit=INCIDENTS_CHARTED)
-    checkpoint_groups = selectors.job_checkpoint_groups(
+    checkpoint_groups = job_services.checkpoint_groups_ensure(
         job=job, step_width=buckets.step_width * CHECKPOINT_BUCKET_STEPS
     )
     checkpoints = selectors.job_recent_checkpoints(job=job, limit=TABLE_ROWS)
@@ -212,7 +213,7 @@ def job_detail(request, key):
     if chosen not in numbers:
         chosen = launches["rows"][-1]["number"] if launches["rows"] else None
     heatmap = (
-        selectors.job_rank_heatmap(
+        job_services.rank_heatmap_ensure(
             job=job,
             attempt=chosen,
             world_size=numbers[chosen]["world_size"],

@@ -7,15 +7,16 @@ from django.http import RawPostDataException
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
+from rest_framework.exceptions import UnsupportedMediaType
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from console.exceptions import ApiError
+from common.errors import Invalid, TooLarge
+from common.params import InvalidParameter, choice_param, time_param
 from jobs import selectors, services
 from jobs.api import serializers as s
-from jobs.api.params import choice_param, time_param
 from jobs.models import TrainingJob
-from jobs.wire import WireError, parse_body, validate_events
+from jobs.wire import parse_body, validate_events
 
 
 def _read_body(request) -> bytes:
@@ -25,9 +26,7 @@ def _read_body(request) -> bytes:
     WSGI stream, which the server de-chunks: Django alone would read it as empty.
     """
     limit = settings.INGEST_MAX_BYTES
-    too_big = ApiError(
-        413, "too_large", f"A request may carry at most {limit} bytes ({limit // 1048576} MiB)."
-    )
+    too_big = TooLarge(f"A request may carry at most {limit} bytes ({limit // 1048576} MiB).")
     try:
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
@@ -41,9 +40,9 @@ def _read_body(request) -> bytes:
         else:
             body = request.body
     except RawPostDataException:  # pragma: no cover - body already consumed
-        raise ApiError(400, "invalid_body", "The request body could not be read.") from None
+        raise Invalid("The request body could not be read.", code="invalid_body") from None
     except OSError as exc:  # the client went away mid-body
-        raise ApiError(400, "invalid_body", f"The request body could not be read: {exc}") from exc
+        raise Invalid(f"The request body could not be read: {exc}", code="invalid_body") from exc
     except Exception as exc:  # RequestDataTooBig
         raise too_big from exc
     if len(body) > limit:
@@ -52,10 +51,12 @@ def _read_body(request) -> bytes:
     if encoding == "gzip":
         body = _gunzip(body, limit, too_big)
     elif encoding not in ("", "identity"):
-        raise ApiError(
-            415,
-            "unsupported_encoding",
-            f"Content-Encoding {encoding[:40]!r} is not supported; send gzip or no encoding.",
+        # 415 is HTTP's own answer about the request's encoding, DRF's to give.
+        raise UnsupportedMediaType(
+            encoding,
+            detail=f"Content-Encoding {encoding[:40]!r} is not supported;"
+            " send gzip or no encoding.",
+            code="unsupported_encoding",
         )
     return body
 
@@ -72,7 +73,7 @@ def _read_stream(stream, limit: int) -> bytes:
     return b"".join(parts)
 
 
-def _gunzip(body: bytes, limit: int, too_big: ApiError) -> bytes:
+def _gunzip(body: bytes, limit: int, too_big: TooLarge) -> bytes:
     """Every member of a gzip body (RFC 1952 allows several, concatenated), at most
     `limit` bytes once inflated; a truncated member or trailing bytes are a 400."""
     out, size, rest = [], 0, body
@@ -82,12 +83,12 @@ def _gunzip(body: bytes, limit: int, too_big: ApiError) -> bytes:
             part = inflater.decompress(rest, limit + 1 - size)
         except zlib.error as exc:
             what = "trailing data after the last gzip member" if out else "the gzip body is corrupt"
-            raise ApiError(400, "invalid_body", f"{what}: {exc}") from exc
+            raise Invalid(f"{what}: {exc}", code="invalid_body") from exc
         size += len(part)
         if size > limit:
             raise too_big
         if not inflater.eof:
-            raise ApiError(400, "invalid_body", "The gzip body is truncated.")
+            raise Invalid("The gzip body is truncated.", code="invalid_body")
         out.append(part)
         rest = inflater.unused_data
     return b"".join(out)
@@ -122,51 +123,22 @@ class IngestView(APIView):
     )
     def post(self, request):
         body = _read_body(request)
-        try:
-            raw = parse_body(body)
-            if len(raw) > settings.INGEST_MAX_EVENTS:
-                raise ApiError(
-                    413,
-                    "too_many_events",
-                    f"{len(raw)} events; a request may carry at most {settings.INGEST_MAX_EVENTS}.",
-                )
-            events, errors = validate_events(raw, settings.INGEST_MAX_EVENTS)
-        except WireError as exc:
-            raise ApiError(
-                400,
-                "invalid_body",
-                f"{exc.field}: {exc.reason}",
-                errors=[{"index": None, "field": exc.field, "reason": exc.reason}],
-            ) from exc
+        raw = parse_body(body)  # WireError: a 400 naming the field
+        if len(raw) > settings.INGEST_MAX_EVENTS:
+            raise TooLarge(
+                f"{len(raw)} events; a request may carry at most {settings.INGEST_MAX_EVENTS}.",
+                code="too_many_events",
+            )
+        events, errors = validate_events(raw, settings.INGEST_MAX_EVENTS)
         if errors:
             bad = len({e["index"] for e in errors})
-            raise ApiError(
-                400,
-                "invalid_events",
+            raise Invalid(
                 f"{bad} of {len(raw)} events are invalid; nothing was stored.",
+                code="invalid_events",
                 errors=errors,
             )
-        try:
-            result = services.events_ingest(cluster=request.auth.cluster, events=events)
-        except services.JobsOfAnotherCluster as exc:
-            raise ApiError(
-                403,
-                "forbidden_job",
-                f"This token's cluster '{exc.cluster}' does not own job(s): {', '.join(exc.keys)}.",
-                jobs=exc.keys,
-            ) from exc
-        except services.HistoryConflict as exc:
-            first = exc.conflicts[0]
-            more = len(exc.conflicts) - 1
-            detail = first["reason"] + (f"; and {more} more" if more else "")
-            if "finished_at" in first["stored"]:
-                detail += f" (POST /api/v1/jobs/{first['job']}/reopen)"
-            raise ApiError(
-                409,
-                "history_conflict",
-                detail + ". Nothing of this request was stored.",
-                conflicts=exc.conflicts,
-            ) from exc
+        # JobsOfAnotherCluster (403) and HistoryConflict (409) answer for themselves.
+        result = services.events_ingest(cluster=request.auth.cluster, events=events)
         return Response(
             {"accepted": result.accepted, "duplicates": result.duplicates},
             status=status.HTTP_202_ACCEPTED,
@@ -191,13 +163,12 @@ class JobReopenView(APIView):
         form = s.JobReopenSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         actor = getattr(request.user, "username", "") or str(request.user)
-        try:
-            services.job_reopen(job=job, actor=actor, reason=form.validated_data.get("reason", ""))
-        except services.JobNotFinished as exc:
-            raise ApiError(409, "not_finished", f"{exc}.", job=exc.job) from exc
+        # JobNotFinished: a 409
+        services.job_reopen(job=job, actor=actor, reason=form.validated_data.get("reason", ""))
         job = selectors.job_list().get(pk=job.pk)
         selectors.attach_summaries([job])
-        context = {"goodput": lambda j: selectors.job_goodput(job=j)}
+        # The ledger changed with the reopening: computed here, stored for the next reader.
+        context = {"goodput": lambda j: services.job_goodput(job=j)}
         return Response(s.JobSerializer(job, context=context).data)
 
 
@@ -205,7 +176,8 @@ class JobViewMixin:
     def get_serializer_context(self):
         context = super().get_serializer_context()
         many = isinstance(self, generics.ListAPIView)
-        context["goodput"] = lambda job: selectors.job_goodput(job=job, allow_stale=many)
+        # Figures computed for a job with no usable snapshot are stored for the next reader.
+        context["goodput"] = lambda job: services.job_goodput(job=job, allow_stale=many)
         return context
 
 
@@ -257,10 +229,11 @@ class JobGoodputView(APIView):
     def get(self, request, key):
         start, end = time_param(request, "start"), time_param(request, "end")
         if start is not None and end is not None and end < start:
-            raise ApiError(400, "invalid_parameter", "end must not be before start.", field="end")
+            raise InvalidParameter("end must not be before start.", field="end")
         job = _job(key)
-        if start is None and end is None:
+        if start is None and end is None:  # the cumulative figures: the stored snapshot
             job = TrainingJob.objects.select_related("ledger").get(pk=job.pk)
+            services.ledger_snapshot_ensure(job=job)
         return Response(selectors.job_goodput(job=job, start=start, end=end))
 
 

@@ -95,7 +95,7 @@ def test_work_not_sent_waits_for_the_drain(ingest, monkeypatch, django_capture_o
     def broker_down(*args, **kwargs):
         raise ConnectionError("broker unreachable")
 
-    monkeypatch.setattr(job_tasks.events_stored, "apply_async", broker_down)
+    monkeypatch.setattr(job_tasks.events_follow_up, "apply_async", broker_down)
     with django_capture_on_commit_callbacks(execute=True):
         assert ingest(events()).status_code == 202
     [row] = OutboxEntry.objects.filter(task="jobs.events_stored")

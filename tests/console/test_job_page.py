@@ -20,7 +20,13 @@ from incidents.models import Incident
 from jobs import selectors
 from jobs.accounting import CATEGORIES
 from jobs.models import TrainingJob
-from jobs.services import cluster_get_or_create, events_ingest, job_reopen
+from jobs.services import (
+    cluster_get_or_create,
+    events_ingest,
+    job_reopen,
+    ledger_snapshot_ensure,
+    step_buckets_ensure,
+)
 from jobs.wire import validate_events
 
 pytestmark = pytest.mark.django_db
@@ -303,7 +309,7 @@ def test_the_query_count_does_not_grow_with_steps_launches_checkpoints_or_incide
     cache.clear()
     counts = {}
     for job in (small, big):
-        selectors.job_goodput(job=job)  # the snapshot the ledger refresh task keeps
+        ledger_snapshot_ensure(job=job)  # the snapshot the ledger refresh task keeps
         with (
             CaptureQueriesContext(client_connection()) as queries,
             django_assert_max_num_queries(MAX_QUERIES),
@@ -322,7 +328,7 @@ def client_connection():
 
 def test_the_buckets_are_brought_up_to_date_with_what_ingest_adds(small):
     cache.clear()
-    first = selectors.job_step_buckets(job=small)  # cached now
+    first = step_buckets_ensure(job=small)  # cached now
     assert first.step_width == 1
     # Another launch, long enough that the buckets coarsen: steps from the old launches
     # are never read again, only the new rows. The job had finished: an operator
@@ -437,7 +443,7 @@ def test_the_job_list_is_paginated_and_its_queries_do_not_grow_with_jobs(
             [TrainingJob(key=f"list-{n}-{k}", cluster=cluster) for k in range(n)]
         )
         for job in TrainingJob.objects.filter(key__startswith=f"list-{n}-"):
-            selectors.job_goodput(job=job)  # the snapshot the refresh task keeps
+            ledger_snapshot_ensure(job=job)  # the snapshot the refresh task keeps
 
     make(3)
     with CaptureQueriesContext(client_connection()) as few:
@@ -466,7 +472,7 @@ def test_a_recent_ledger_is_shown_while_its_refresh_is_on_its_way(viewer):
     raw = job_events("running-job", launches=1, steps_per_launch=200)
     send([e for e in raw if e["kind"] not in ("attempt_ended", "job_finished")])  # running
     job = TrainingJob.objects.get(key="running-job")
-    selectors.job_goodput(job=job)  # the snapshot, current
+    ledger_snapshot_ensure(job=job)  # the snapshot, current
     snapshot = LedgerSnapshot.objects.get(job=job)
     later = {"id": "late", "job": "running-job", "kind": "heartbeat", "node": "running-job-n1a"}
     send([{**later, "ts": raw[-1]["ts"] + 600, "data": {}}])  # the job's clock moves on

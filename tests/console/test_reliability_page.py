@@ -15,7 +15,7 @@ from incidents import selectors, services
 from incidents.models import Incident
 from jobs.accounting import job_ledger
 from jobs.models import Attempt, Cluster, LedgerSnapshot, Node, TrainingJob
-from jobs.selectors import job_goodput
+from jobs.services import job_goodput
 from tests.console.factories import incident_row
 
 pytestmark = pytest.mark.django_db

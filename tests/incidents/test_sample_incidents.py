@@ -60,14 +60,14 @@ def test_figures_follow_the_ledger_refresh(ingest, sample):
     refresh task brings them up to date from the same reading of the history."""
     from incidents import services
     from jobs.models import TrainingJob
-    from jobs.tasks import ledger_refresh
+    from jobs.tasks import ledger_snapshot_refresh
 
     events, expected = sample
     assert ingest(events).status_code == 202
     job = TrainingJob.objects.get(key="sample-small")
     services.incidents_detect(job=job)  # opened, no figures yet
     assert all(i.recovered_at is None for i in Incident.objects.filter(job=job))
-    ledger_refresh(job.id)
+    ledger_snapshot_refresh(job.id)
     assert_matches(list(Incident.objects.filter(job=job).order_by("fault_at")), expected)
-    ledger_refresh(job.id)  # nothing new: nothing recomputed, nothing changes
+    ledger_snapshot_refresh(job.id)  # nothing new: nothing recomputed, nothing changes
     assert_matches(list(Incident.objects.filter(job=job).order_by("fault_at")), expected)

@@ -7,7 +7,7 @@ from django.db import connection
 
 from console.celery import app
 from jobs.models import LedgerSnapshot, TrainingJob
-from jobs.tasks import ledger_refresh
+from jobs.tasks import ledger_snapshot_refresh
 from tests.processes import celery_worker
 
 T0 = 1_790_000_000.0
@@ -32,9 +32,9 @@ def events(job="j1"):
 def test_ledger_refresh_twice_stores_one_snapshot(ingest):
     ingest(events())
     job = TrainingJob.objects.get(key="j1")
-    ledger_refresh(job.id)
+    ledger_snapshot_refresh(job.id)
     first = LedgerSnapshot.objects.get(job=job)
-    ledger_refresh(job.id)
+    ledger_snapshot_refresh(job.id)
     again = LedgerSnapshot.objects.get(job=job)
     assert LedgerSnapshot.objects.count() == 1
     assert (again.revision, again.figures) == (first.revision, first.figures)
@@ -43,7 +43,7 @@ def test_ledger_refresh_twice_stores_one_snapshot(ingest):
 
 @pytest.mark.django_db
 def test_ledger_refresh_of_a_deleted_job_does_nothing():
-    ledger_refresh(987654)
+    ledger_snapshot_refresh(987654)
     assert LedgerSnapshot.objects.count() == 0
 
 
@@ -78,7 +78,11 @@ def test_a_broker_outage_does_not_fail_the_ingest(ingest, monkeypatch):
         raise ConnectionError("broker unreachable")
 
     app.conf.task_always_eager = False
-    for task in (job_tasks.ledger_refresh, incident_tasks.detect_job, incident_tasks.open_reported):
+    for task in (
+        job_tasks.ledger_snapshot_refresh,
+        incident_tasks.detect_job,
+        incident_tasks.open_reported,
+    ):
         monkeypatch.setattr(task, "delay", broker_down)
         monkeypatch.setattr(task, "apply_async", broker_down)
     r = ingest(events())

@@ -1,0 +1,54 @@
+"""Query parameters the apps' APIs share (times, choices, ids): each malformed one is
+an `InvalidParameter` naming it, answered 400 as
+`{"error": "invalid_parameter", "detail": ..., "field": name}`."""
+
+from __future__ import annotations
+
+from common.errors import Invalid
+from common.time import parse_ts
+
+# The largest id a bigint primary key holds: past it a lookup would overflow, not miss.
+ID_MAX = 2**63 - 1
+
+
+class InvalidParameter(Invalid):
+    """A query parameter that can never be accepted as written; `field` names it."""
+
+    code = "invalid_parameter"
+
+    def __init__(self, detail: str, *, field: str):
+        super().__init__(detail, field=field)
+
+
+def time_param(request, name: str) -> float | None:
+    """Unix seconds from `?name=` given as unix seconds or RFC 3339 with an offset."""
+    value = request.query_params.get(name)
+    if value in (None, ""):
+        return None
+    try:
+        ts = parse_ts(float(value))
+    except ValueError:  # not a number: RFC 3339 (a '+' in a query string may arrive as ' ')
+        ts = parse_ts(value.replace(" ", "+"))
+    if ts is None:
+        raise InvalidParameter(
+            f"{name} must be unix seconds or an RFC 3339 time with an offset.", field=name
+        )
+    return ts
+
+
+def choice_param(request, name: str, choices) -> str | None:
+    value = request.query_params.get(name) or None
+    if value is not None and value not in choices:
+        raise InvalidParameter(f"{name} must be one of {', '.join(choices)}.", field=name)
+    return value
+
+
+def id_param(request, name: str) -> int | None:
+    """A row id from `?name=`: ASCII digits within a bigint ('²' is a digit to
+    str.isdigit, not to int)."""
+    value = request.query_params.get(name)
+    if value in (None, ""):
+        return None
+    if not (value.isascii() and value.isdigit() and int(value) <= ID_MAX):
+        raise InvalidParameter(f"{name} must be an id.", field=name)
+    return int(value)

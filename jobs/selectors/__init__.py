@@ -1,0 +1,78 @@
+"""Reads of the jobs app; they never write (the database or the cache). One module
+per concern, the public reads re-exported here (`from jobs import selectors`):
+
+- `launches`: a job's launches and checkpoints (the latest of each asked for in one
+  place), the job list with its summaries, the status a job's latest launch gives it.
+- `ledger`: a job's goodput figures (its stored snapshot, or computed) and the last
+  hour's goodput of many running jobs.
+- `steps`: the job page's step series, reduced to buckets, and goodput over time.
+- `charts`: the job page's checkpoint groups and rank heat map.
+
+Where a read is worth keeping for the next reader (a ledger, the step buckets), the
+service of the same concern in `jobs.services` stores it.
+"""
+
+from jobs.selectors.charts import job_checkpoint_groups, job_rank_heatmap
+from jobs.selectors.launches import (
+    FAILED_ENDS,
+    attach_summaries,
+    attempts_latest_first,
+    checkpoints_durable_latest_first,
+    job_attempts,
+    job_checkpoints,
+    job_latest_attempt,
+    job_latest_durable_checkpoint,
+    job_launches,
+    job_list,
+    job_recent_checkpoints,
+    job_status,
+    launch_node_names,
+)
+from jobs.selectors.ledger import (
+    job_goodput,
+    job_ledger_snapshot,
+    jobs_recent_goodput,
+    snapshot_usable,
+)
+from jobs.selectors.steps import (
+    BUCKET_COLUMNS,
+    StepBuckets,
+    group_rows,
+    job_goodput_timeline,
+    job_step_buckets,
+    kept_ranges,
+    kept_shares,
+    launch_order,
+    step_buckets_key,
+)
+
+__all__ = [
+    "BUCKET_COLUMNS",
+    "FAILED_ENDS",
+    "StepBuckets",
+    "attach_summaries",
+    "attempts_latest_first",
+    "checkpoints_durable_latest_first",
+    "group_rows",
+    "job_attempts",
+    "job_checkpoint_groups",
+    "job_checkpoints",
+    "job_goodput",
+    "job_goodput_timeline",
+    "job_latest_attempt",
+    "job_latest_durable_checkpoint",
+    "job_launches",
+    "job_ledger_snapshot",
+    "job_list",
+    "job_rank_heatmap",
+    "job_recent_checkpoints",
+    "job_status",
+    "job_step_buckets",
+    "jobs_recent_goodput",
+    "kept_ranges",
+    "kept_shares",
+    "launch_node_names",
+    "launch_order",
+    "snapshot_usable",
+    "step_buckets_key",
+]

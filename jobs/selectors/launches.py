@@ -1,0 +1,140 @@
+"""Reads of a job's rows: its launches and checkpoints (the latest of each asked for
+in one place), the job list with its summaries, and the status a job's latest launch
+gives it."""
+
+from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
+
+from jobs.models import Attempt, Checkpoint, TrainingJob
+
+
+def attempts_latest_first(job) -> QuerySet[Attempt]:
+    """A job's launches, newest first; `job` is a job, its id or an `OuterRef` (for a
+    subquery per job of an outer query)."""
+    return Attempt.objects.filter(job=job).order_by("-number")
+
+
+def job_latest_attempt(job, *, started: bool = False) -> Attempt | None:
+    """The job's newest launch; with `started`, its newest launch that has started,
+    falling back to the newest at all."""
+    attempts = attempts_latest_first(job)
+    if started:
+        return attempts.exclude(started_at=None).first() or attempts.first()
+    return attempts.first()
+
+
+def checkpoints_durable_latest_first(
+    job, *, saved_by=None, attempt: int | None = None
+) -> QuerySet[Checkpoint]:
+    """A job's durable checkpoints, newest first (by save time, then step); `job` as in
+    `attempts_latest_first`; `saved_by` keeps those saved at or before a time,
+    `attempt` those of one launch."""
+    qs = Checkpoint.objects.filter(job=job, durable=True).exclude(saved_at=None)
+    if saved_by is not None:
+        qs = qs.filter(saved_at__lte=saved_by)
+    if attempt is not None:
+        qs = qs.filter(attempt=attempt)
+    return qs.order_by("-saved_at", "-step")
+
+
+def job_latest_durable_checkpoint(
+    job, *, saved_by=None, attempt: int | None = None
+) -> Checkpoint | None:
+    """The checkpoint a relaunch of the job would restore (see
+    `checkpoints_durable_latest_first`)."""
+    return checkpoints_durable_latest_first(job, saved_by=saved_by, attempt=attempt).first()
+
+
+def job_list(*, cluster: str | None = None, status: str | None = None) -> QuerySet[TrainingJob]:
+    latest_attempt = attempts_latest_first(OuterRef("pk"))
+    last_durable = checkpoints_durable_latest_first(OuterRef("pk"))
+    qs = (
+        TrainingJob.objects.select_related("cluster", "ledger")
+        .annotate(
+            current_attempt_id=Subquery(latest_attempt.values("id")[:1]),
+            last_durable_checkpoint_id=Subquery(last_durable.values("id")[:1]),
+        )
+        .order_by("-created_at", "-id")
+    )
+    if cluster:
+        qs = qs.filter(cluster__name=cluster)
+    if status:
+        qs = qs.filter(status=status)
+    return qs
+
+
+def attach_summaries(jobs: list[TrainingJob]) -> None:
+    """Set `current_attempt` and `last_durable_checkpoint` on each job in two queries."""
+    attempts = Attempt.objects.in_bulk([j.current_attempt_id for j in jobs if j.current_attempt_id])
+    checkpoints = Checkpoint.objects.in_bulk(
+        [j.last_durable_checkpoint_id for j in jobs if j.last_durable_checkpoint_id]
+    )
+    for j in jobs:
+        j.current_attempt = attempts.get(j.current_attempt_id)
+        j.last_durable_checkpoint = checkpoints.get(j.last_durable_checkpoint_id)
+
+
+def job_attempts(*, job: TrainingJob) -> QuerySet[Attempt]:
+    return job.attempts.prefetch_related(Prefetch("nodes")).order_by("number")
+
+
+def job_checkpoints(*, job: TrainingJob) -> QuerySet[Checkpoint]:
+    return job.checkpoints.order_by("saved_at", "step", "attempt")
+
+
+def job_status(job: TrainingJob, attempts: list[Attempt] | None = None) -> str:
+    """The status the job's latest launch gives it; `attempts`, when given, are all of
+    the job's attempts as stored (saves reading them again)."""
+    if attempts is None:
+        latest = job_latest_attempt(job, started=True)
+    else:
+        started = [a for a in attempts if a.started_at is not None]
+        latest = max(started or attempts, key=lambda a: a.number, default=None)
+    S = TrainingJob.Status
+    reason = latest.end_reason if latest else ""
+    if job.finished_at is not None:
+        return S.COMPLETED if reason in ("", Attempt.EndReason.COMPLETED) else S.FAILED
+    if latest is None:
+        return S.PENDING
+    if latest.ended_at is None:
+        return S.RUNNING
+    return S.COMPLETED if reason == Attempt.EndReason.COMPLETED else S.INTERRUPTED
+
+
+FAILED_ENDS = ("failed", "killed", "preempted")
+
+
+def job_launches(*, job: TrainingJob, limit: int = 200) -> dict:
+    """The latest `limit` launches (oldest first) as dicts, how many there are, and
+    the numbers of those that ended without completing. Three queries."""
+    qs = attempts_latest_first(job)
+    rows = list(
+        qs.values("id", "number", "world_size", "started_at", "ready_at", "ended_at", "end_reason")[
+            :limit
+        ]
+    )
+    rows.reverse()
+    total = len(rows) if len(rows) < limit else qs.count()
+    failed = list(qs.filter(end_reason__in=FAILED_ENDS).values_list("number", flat=True))
+    return {"rows": rows, "total": total, "failed": failed}
+
+
+def launch_node_names(*, attempt_ids: list[int], per_launch: int = 8) -> dict[int, dict]:
+    """Per launch id: up to `per_launch` node names and how many nodes it had. One query."""
+    through = Attempt.nodes.through
+    out: dict[int, dict] = {a: {"names": [], "count": 0} for a in attempt_ids}
+    for attempt_id, name in (
+        through.objects.filter(attempt_id__in=attempt_ids)
+        .order_by("attempt_id", "node__name")
+        .values_list("attempt_id", "node__name")
+    ):
+        entry = out[attempt_id]
+        entry["count"] += 1
+        if len(entry["names"]) < per_launch:
+            entry["names"].append(name)
+    return out
+
+
+def job_recent_checkpoints(*, job: TrainingJob, limit: int = 50) -> list[Checkpoint]:
+    """The latest `limit` checkpoints: of the latest launches, the highest steps first
+    (the unique index on (job, attempt, step) read backwards)."""
+    return list(Checkpoint.objects.filter(job=job).order_by("-attempt", "-step")[:limit])

@@ -1,0 +1,56 @@
+"""Writes of the jobs app, one module per concern, the public ones re-exported here
+(`from jobs import services`, `from jobs.services import X`):
+
+- `ingest`: a batch of events stored, all or nothing, and what it projects (steps,
+  rank windows, launches, checkpoints, nodes, the jobs' summaries).
+- `history`: what a batch may not rewrite (a launch's start, a finished job) and an
+  operator's reopening of a finished job.
+- `follow_up`: what ingest hands on through the outbox, and its announcement in the
+  worker (the `events_stored` signal, the ledger refresh).
+- `ledger`: a job's stored ledger, refreshed after ingest or made current by a reader.
+- `page_cache`: the job page's reads kept in the cache for the next reader.
+- `nodes`: node states and clusters.
+
+Errors are `common.errors` classes carrying their codes: the API answers them as they
+are. Services never import tasks: the outbox sends a task by its name.
+"""
+
+from jobs.services.follow_up import events_follow_up
+from jobs.services.history import HistoryConflict, JobNotFinished, job_reopen
+from jobs.services.ingest import IngestResult, JobsOfAnotherCluster, events_ingest
+from jobs.services.ledger import (
+    job_goodput,
+    ledger_snapshot_ensure,
+    ledger_snapshot_refresh,
+)
+from jobs.services.nodes import (
+    cluster_get_or_create,
+    node_claim_spare,
+    node_mark_suspect,
+    node_set_state,
+)
+from jobs.services.page_cache import (
+    checkpoint_groups_ensure,
+    rank_heatmap_ensure,
+    step_buckets_ensure,
+)
+
+__all__ = [
+    "HistoryConflict",
+    "IngestResult",
+    "JobNotFinished",
+    "JobsOfAnotherCluster",
+    "checkpoint_groups_ensure",
+    "cluster_get_or_create",
+    "events_follow_up",
+    "events_ingest",
+    "job_goodput",
+    "job_reopen",
+    "ledger_snapshot_ensure",
+    "ledger_snapshot_refresh",
+    "node_claim_spare",
+    "node_mark_suspect",
+    "node_set_state",
+    "rank_heatmap_ensure",
+    "step_buckets_ensure",
+]
