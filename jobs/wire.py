@@ -13,48 +13,18 @@ from datetime import datetime
 
 import orjson
 
-KINDS = frozenset(
-    {
-        "attempt_started",
-        "ready",
-        "checkpoint_load_started",
-        "checkpoint_loaded",
-        "step",
-        "checkpoint_save_started",
-        "checkpoint_saved",
-        "rank_window",
-        "heartbeat",
-        "fault",
-        "attempt_ended",
-        "job_finished",
-    }
+from common.vocabulary import (
+    END_REASONS,
+    FAULT_TYPES,
+    JOB_KEY,
+    KINDS_WITHOUT_ATTEMPT,
+    NODE_NAME,
+    WIRE_KINDS,
 )
-KINDS_WITHOUT_ATTEMPT = frozenset({"heartbeat", "fault"})
-FAULT_TYPES = frozenset(
-    {
-        "crash",
-        "hang",
-        "nccl_timeout",
-        "gpu_xid",
-        "ecc",
-        "oom",
-        "nan",
-        "loss_spike",
-        "sdc",
-        "preempted",
-        "network",
-        "other",
-    }
-)
-END_REASONS = frozenset({"completed", "failed", "killed", "preempted"})
+
+# What a client may send (common.vocabulary holds the vocabulary; these names are the wire's).
+KINDS = frozenset(WIRE_KINDS)
 EVENT_FIELDS = frozenset({"id", "job", "kind", "ts", "attempt", "node", "rank", "data"})
-# The alphabets of names that end up in URLs, pages and the database. Checked
-# with \A...\Z: `$` would let a trailing newline through. Job keys are slugs;
-# node names are host names (letters, digits, '.', '-', '_', starting with a
-# letter or digit), never '/' (a node's page is /nodes/<cluster>/<name>/).
-JOB_KEY = re.compile(r"\A[A-Za-z0-9_-]{1,100}\Z")
-NODE_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
-SLUG = JOB_KEY
 # What the database's integer columns hold: a number past these is refused at the wire.
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
