@@ -217,7 +217,7 @@ class Reporter:
         `attempt`, `node` and `rank` default to the Reporter's.
         """
         if kind not in _KINDS:
-            raise ValueError(f"unknown event kind {kind!r}; one of {', '.join(WIRE_KINDS)}")
+            raise ValueError(f"unknown event kind {kind!r}; one of {', '.join(sorted(_KINDS))}")
         if attempt is None:
             attempt = self.attempt
         if node is None:
