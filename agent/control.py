@@ -23,13 +23,13 @@ import fcntl
 import json
 import math
 import os
-import re
 from pathlib import Path
 
-# Job keys and node names double as file names here. The console's job-key pattern
-# (jobs/wire.py JOB_KEY), copied: the agent imports neither Django nor jobs. \A...\Z,
-# as `$` would let a trailing newline through.
-SLUG = re.compile(r"\A[A-Za-z0-9_-]{1,100}\Z")
+from common.vocabulary import JOB_KEY
+
+# Job keys and node names double as file names here: both are held to the
+# console's job-key alphabet (letters, digits, '-', '_': no '/', '.' or newline).
+SLUG = JOB_KEY
 
 
 class JsonFile:

@@ -1,5 +1,7 @@
 """A small real training job: a character-level transformer trained with DDP on CPU.
 
+(One module on purpose: the demo job's whole script, model, data and loop, under 500 lines.)
+
 Launched once per rank (by `agent.cluster`, or by hand), with torch's env://
 variables RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and LOCAL_RANK):
 

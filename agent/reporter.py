@@ -20,74 +20,49 @@ or by the next one started with the same `spill_path`.
 
 Event ids are given at `emit` and kept through retries and spills, so a resend
 is stored once (the console counts it as a duplicate).
+
+This module owns the queue and the sender thread; the spill file is
+`agent.spill`, posting and retrying `agent.transport`, the exit and SIGTERM
+hooks `agent.process_hooks`. One class of ~500 lines on purpose: the queue, its
+lock and conditions and the sender thread share one state.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import gzip
-import http.client
 import itertools
 import json
 import logging
 import math
 import os
-import random
-import re
 import secrets
-import signal
-import tempfile
 import threading
 import time
-import weakref
 from collections import deque
 from datetime import datetime
-from email.utils import parsedate_to_datetime
-from urllib.parse import urlsplit
 
-__all__ = ["KINDS", "LIFECYCLE_KINDS", "Reporter"]
+from agent.process_hooks import register, unregister
+from agent.spill import SpillFile, default_spill_path
+from agent.transport import (
+    BODY_OVERHEAD,
+    MAX_BODY_BYTES,
+    MAX_EVENTS_PER_REQUEST,
+    Transport,
+)
+from common.vocabulary import JOB_KEY, KINDS_WITHOUT_ATTEMPT, WIRE_KINDS
+
+__all__ = ["Reporter", "default_spill_path"]
 
 logger = logging.getLogger("rebound.agent")
 
-KINDS = frozenset(
-    {
-        "attempt_started",
-        "ready",
-        "checkpoint_load_started",
-        "checkpoint_loaded",
-        "step",
-        "checkpoint_save_started",
-        "checkpoint_saved",
-        "rank_window",
-        "heartbeat",
-        "fault",
-        "attempt_ended",
-        "job_finished",
-    }
-)
-# What the reporter never sheds: all but heartbeats and rank windows.
-LIFECYCLE_KINDS = KINDS - {"heartbeat", "rank_window"}
-_KINDS_WITHOUT_ATTEMPT = frozenset({"heartbeat", "fault"})
-# The console's job-key pattern (jobs/wire.py JOB_KEY), copied: the agent imports
-# neither Django nor jobs. \A...\Z, as `$` would let a trailing newline through.
-_SLUG = re.compile(r"\A[A-Za-z0-9_-]{1,100}\Z")
-
-INGEST_PATH = "/api/v1/ingest"
-MAX_EVENTS_PER_REQUEST = 5000
-# The console's limit is 5 MiB, compressed or not; keep a little headroom.
-MAX_BODY_BYTES = 5 * 1024 * 1024 - 4096
-_BODY_OVERHEAD = len('{"events":[]}')
-_MAX_RESPONSE_BYTES = 1 << 20
-_RETRY_AFTER_MAX_S = 300.0
-# How long spilling stays off after the spill file could not be written.
-_SPILL_RETRY_S = 5.0
-
-# Queue classes, in shedding order.
+# Queue classes, in shedding order (common.vocabulary.SHEDDABLE_KINDS, then the rest:
+# NEVER_SHED_KINDS).
 _HEARTBEAT, _WINDOW, _LIFECYCLE = 0, 1, 2
 _CLASS_OF = {"heartbeat": _HEARTBEAT, "rank_window": _WINDOW}
 
 _RUNNING, _CLOSED, _FORKED = "running", "closed", "forked"
+_KINDS = frozenset(WIRE_KINDS)
+_SLUG = JOB_KEY  # moved: common.vocabulary.JOB_KEY
 
 
 def _json_default(value):
@@ -127,45 +102,6 @@ def _ts(value) -> float | str:
     return float(value)
 
 
-def _retry_after(value: str | None) -> float | None:
-    """Seconds to wait from a Retry-After header (seconds or an HTTP date)."""
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = parsedate_to_datetime(value).timestamp() - time.time()
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return None
-    if not math.isfinite(seconds):
-        return None
-    return max(0.0, min(seconds, _RETRY_AFTER_MAX_S))
-
-
-def _bad_indexes(body: bytes, n: int) -> set[int] | None:
-    """The event indexes a 400 (`errors`) or a 409 (`conflicts`) names; None when it
-    names none (the body as a whole)."""
-    try:
-        answer = json.loads(body)
-        bad = {e["index"] for e in answer.get("errors") or answer.get("conflicts")}
-    except (ValueError, AttributeError, TypeError, KeyError):
-        return None
-    if not bad or not all(type(i) is int and 0 <= i < n for i in bad):
-        return None
-    return bad
-
-
-def _safe_name(value) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", str(value))[:64]
-
-
-def default_spill_path(job: str, node: str | None, rank: int | None) -> str:
-    """Stable across restarts of the same job, node and rank (so the next process finds it)."""
-    where = f"{_safe_name(node) if node else 'node'}-{rank if rank is not None else 'x'}"
-    return os.path.join(tempfile.gettempdir(), "rebound-agent", f"{job}-{where}.spill.jsonl")
-
-
 class Reporter:
     """Batches wire-format v1 events to the console from a background thread.
 
@@ -194,44 +130,32 @@ class Reporter:
         exit_timeout_s: float = 10.0,
         handle_sigterm: bool = True,
     ):
-        if not isinstance(job, str) or not _SLUG.match(job):
+        if not isinstance(job, str) or not JOB_KEY.match(job):
             raise ValueError(f"job must be a slug (letters, digits, '-', '_'), not {job!r}")
         if batch_size < 1 or max_queue < 1:
             raise ValueError("batch_size and max_queue must be at least 1")
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"url must be http(s)://host[:port][/prefix], not {url!r}")
-        path = parts.path.rstrip("/")
-        if not path.endswith(INGEST_PATH):
-            path += INGEST_PATH
         self.url = url
         self.job = job
         self.node = node
         self.rank = rank
         self.attempt = attempt
-        self._https = parts.scheme == "https"
-        self._netloc = parts.netloc.rpartition("@")[2]
-        self._path = path
-        self._headers = {
-            "Authorization": f"Bearer {token}",
-            "Content-Type": "application/json",
-            "Accept": "application/json",
-            "User-Agent": "rebound-agent/1",
-        }
+        self.spill_path = os.fspath(spill_path or default_spill_path(job, node, rank))
+        self._transport = Transport(
+            url,
+            token,
+            timeout_s=timeout_s,
+            backoff_base_s=backoff_base_s,
+            backoff_cap_s=backoff_cap_s,
+            gzip_min_bytes=gzip_min_bytes,
+            kept_in=self.spill_path,
+        )
         self._batch_size = min(batch_size, MAX_EVENTS_PER_REQUEST)
         self._interval = flush_interval_s
         self._max_queue = max_queue
         # Spilling frees a tenth of the queue at a time, so a full queue costs one
         # file write per many emits, not one per emit.
         self._spill_chunk = max(1, max_queue // 10)
-        self._timeout = timeout_s
-        self._backoff_base = backoff_base_s
-        self._backoff_cap = backoff_cap_s
-        self._gzip_min = gzip_min_bytes
         self.exit_timeout_s = exit_timeout_s
-
-        self.spill_path = os.fspath(spill_path or default_spill_path(job, node, rank))
-        self._sending_path = self.spill_path + ".sending"
 
         where = rank if rank is not None else (node or "x")
         # A random part per Reporter: a restarted process may get the same pid.
@@ -254,36 +178,16 @@ class Reporter:
         self._idle = False
         self._inflight_min: int | None = None
         self._inflight: list | None = None
-
-        self._spill_file = None
-        self._spill_broken_until = 0.0
-        # The oldest own event (seq) in the spill file; 0 stands for a previous process's.
-        self._spill_min = math.inf
-        self._spill_nonempty = False
-        self._sending_min = math.inf
-        self._sending_exists = False
-        self._sending_offset = 0
-
-        self._sent = 0
-        self._duplicates = 0
+        self._spill = SpillFile(self.spill_path)  # a previous process's spill is sent first
         self._shed = 0
         self._spilled = 0
-        self._failures = 0
-        self._rejected = 0
-        self._last_error: str | None = None
-        self._outage_logged = False
-        self._refused_logged = False
-        self._refused_streak = 0
         self._warned: set[str] = set()
-
-        self._conn: http.client.HTTPConnection | None = None
-        self._pick_up_spill()
 
         self._thread = threading.Thread(
             target=self._run, name=f"rebound-reporter-{job}", daemon=True
         )
         self._thread.start()
-        _register(self, handle_sigterm)
+        register(self, handle_sigterm=handle_sigterm)
 
     def __repr__(self):
         return f"<Reporter job={self.job} node={self.node} rank={self.rank} {self._state}>"
@@ -312,15 +216,15 @@ class Reporter:
         `ts` is unix seconds (default now), a datetime or an RFC 3339 string;
         `attempt`, `node` and `rank` default to the Reporter's.
         """
-        if kind not in KINDS:
-            raise ValueError(f"unknown event kind {kind!r}; one of {', '.join(sorted(KINDS))}")
+        if kind not in _KINDS:
+            raise ValueError(f"unknown event kind {kind!r}; one of {', '.join(sorted(_KINDS))}")
         if attempt is None:
             attempt = self.attempt
         if node is None:
             node = self.node
         if rank is None:
             rank = self.rank
-        if attempt is None and kind not in _KINDS_WITHOUT_ATTEMPT:
+        if attempt is None and kind not in KINDS_WITHOUT_ATTEMPT:
             raise ValueError(f"{kind} needs an attempt (give it to the Reporter or to emit)")
         if kind == "heartbeat" and node is None:
             raise ValueError("heartbeat needs a node (give it to the Reporter or to emit)")
@@ -340,7 +244,7 @@ class Reporter:
                 raise TypeError(f"data must be a dict, not {type(data).__name__}")
             event["data"] = _finite(data)
         line = json.dumps(event, separators=(",", ":"), default=_json_default)
-        if len(line) + 1 + _BODY_OVERHEAD > MAX_BODY_BYTES:
+        if len(line) + 1 + BODY_OVERHEAD > MAX_BODY_BYTES:
             raise ValueError(f"a {kind} event of {len(line)} bytes is over the request limit")
         cls = _CLASS_OF.get(kind, _LIFECYCLE)
 
@@ -408,10 +312,10 @@ class Reporter:
                     self._inflight_min = None
             self._spill_leftovers()
             self._state = _CLOSED
-            self._close_spill_file(sync=True)
+            self._spill.close(sync=True)
             self._settled.notify_all()
-        self._drop_conn()
-        _unregister(self)
+        self._transport.close()
+        unregister(self)
         return delivered
 
     @property
@@ -419,16 +323,17 @@ class Reporter:
         """Counters: events sent (new to the console), duplicates, shed, spilled,
         rejected (invalid, dropped after a 400), failed requests, queued now, last error."""
         with self._lock:
+            sent = self._transport.counters()
             return {
-                "sent": self._sent,
-                "duplicates": self._duplicates,
+                "sent": sent["sent"],
+                "duplicates": sent["duplicates"],
                 "shed": self._shed,
                 "spilled": self._spilled,
-                "rejected": self._rejected,
-                "failures": self._failures,
+                "rejected": sent["rejected"],
+                "failures": sent["failures"],
                 "queued": self._qlen() + len(self._inflight or ()),
-                "spill_pending": self._spill_nonempty or self._sending_exists,
-                "last_error": self._last_error,
+                "spill_pending": self._spill.pending,
+                "last_error": sent["last_error"],
             }
 
     # ---- the queue (all under self._lock) ----------------------------------------------------
@@ -439,7 +344,7 @@ class Reporter:
 
     def _pending_min(self) -> float:
         """The oldest event (by emit order) not yet settled; inf when none."""
-        m = min(self._spill_min, self._sending_min)
+        m = self._spill.pending_min
         for q in self._queues:
             if q and q[0][0] < m:
                 m = q[0][0]
@@ -462,7 +367,7 @@ class Reporter:
             return True
         if cls == _WINDOW:
             return False
-        if time.monotonic() < self._spill_broken_until:
+        if self._spill.broken:
             # Nothing of the lifecycle kinds is dropped: the queue grows past its bound.
             self._warn_once("over", "the queue is over max_queue: the spill file cannot be written")
             return True
@@ -481,7 +386,7 @@ class Reporter:
             self._warn_once("closed", f"emit after close: kept in the spill {self.spill_path}")
             if not self._spill_write([entry]):
                 self._shed += 1
-            self._close_spill_file(sync=False)
+            self._spill.close(sync=False)
 
     def _take_batch(self, force: bool) -> list:
         """The oldest events, merged across the three queues, within the request limits."""
@@ -489,7 +394,7 @@ class Reporter:
             return []
         queues = self._queues
         batch = []
-        size = _BODY_OVERHEAD
+        size = BODY_OVERHEAD
         while len(batch) < self._batch_size:
             best = None
             for q in queues:
@@ -529,151 +434,45 @@ class Reporter:
             windows.clear()
             lifecycle.clear()
 
-    # ---- the spill file -----------------------------------------------------------------
-
-    def _pick_up_spill(self) -> None:
-        """A previous process's spill is sent first (seq 0: older than anything emitted)."""
-        for path, attr in ((self._sending_path, "_sending"), (self.spill_path, "_spill")):
-            try:
-                size = os.path.getsize(path)
-            except OSError:
-                continue
-            if attr == "_sending":
-                self._sending_exists = True
-                self._sending_min = 0
-            elif size > 0:
-                self._spill_nonempty = True
-                self._spill_min = 0
-            if size:
-                logger.info("rebound reporter: sending the %d bytes left in %s", size, path)
-
-    def _open_spill(self):
-        os.makedirs(os.path.dirname(os.path.abspath(self.spill_path)), exist_ok=True)
-        f = open(self.spill_path, "ab", buffering=0)  # noqa: SIM115 - kept open between writes
-        try:
-            if f.tell() > 0:
-                # A crash may have left a torn last line; end it so it stays one bad line.
-                with open(self.spill_path, "rb") as r:
-                    r.seek(-1, os.SEEK_END)
-                    if r.read(1) != b"\n":
-                        f.write(b"\n")
-        except OSError:
-            f.close()
-            raise
-        return f
+    # ---- the spill file (under self._lock, but for reading `.sending`) -------------------
 
     def _spill_write(self, entries) -> bool:
-        """Append events to the spill file as JSON lines; False when it cannot be written."""
-        if time.monotonic() < self._spill_broken_until:
-            return False
-        blob = "".join(e[2] + "\n" for e in entries).encode()
-        try:
-            if self._spill_file is None:
-                self._spill_file = self._open_spill()
-            view = memoryview(blob)
-            while view:
-                view = view[self._spill_file.write(view) :]
-        except OSError as exc:
-            self._spill_broken_until = time.monotonic() + _SPILL_RETRY_S
-            self._last_error = f"spill: {exc}"
-            self._close_spill_file(sync=False)
-            logger.error("rebound reporter: cannot write the spill %s: %s", self.spill_path, exc)
-            return False
-        self._spilled += len(entries)
-        self._spill_nonempty = True
-        seqs = [e[0] for e in entries if e[0] is not None]
-        if seqs:
-            self._spill_min = min(self._spill_min, min(seqs))
-        return True
-
-    def _close_spill_file(self, sync: bool) -> None:
-        f, self._spill_file = self._spill_file, None
-        if f is None:
-            return
-        with contextlib.suppress(OSError):
-            if sync:
-                os.fsync(f.fileno())
-            f.close()
-
-    def _rotate_spill(self) -> bool:
-        """Hand the spill file to the sender as `.sending`; new spills start a new file."""
-        with self._lock:
-            if self._sending_exists or not self._spill_nonempty:
-                return self._sending_exists
-            self._close_spill_file(sync=False)
-            try:
-                os.replace(self.spill_path, self._sending_path)
-            except FileNotFoundError:
-                self._spill_nonempty = False
-                self._spill_min = math.inf
-                self._settled.notify_all()
-                return False
-            self._sending_exists = True
-            self._sending_offset = 0
-            self._sending_min, self._spill_min = self._spill_min, math.inf
-            self._spill_nonempty = False
+        """Append events to the spill file; False when it cannot be written."""
+        if self._spill.write(entries):
+            self._spilled += len(entries)
             return True
-
-    def _read_spill(self) -> tuple[list, int]:
-        """Up to a batch of lines from `.sending` at the current offset, and the offset after."""
-        lines = []
-        size = _BODY_OVERHEAD
-        with open(self._sending_path, "rb") as f:
-            f.seek(self._sending_offset)
-            while len(lines) < self._batch_size:
-                pos = f.tell()
-                raw = f.readline()
-                if not raw:
-                    break
-                text = raw.strip()
-                if not text:
-                    continue
-                try:
-                    ok = isinstance(json.loads(text), dict)
-                except ValueError:
-                    ok = False
-                if not ok:
-                    logger.warning(
-                        "rebound reporter: skipping a torn line in %s at byte %d",
-                        self._sending_path,
-                        pos,
-                    )
-                    continue
-                if lines and size + len(text) + 1 > MAX_BODY_BYTES:
-                    f.seek(pos)
-                    break
-                lines.append(text.decode())
-                size += len(text) + 1
-            return lines, f.tell()
+        if self._spill.error:
+            self._transport.note_error(f"spill: {self._spill.error}")
+            self._spill.error = None
+        return False
 
     def _send_spill_batch(self) -> bool:
         """Send the next batch of the spill; False when the thread is stopping."""
-        if not self._rotate_spill():
-            return True
+        with self._lock:
+            if not self._spill.rotate():
+                self._settled.notify_all()  # the file was gone: nothing left to wait for
+                return True
         try:
-            lines, end = self._read_spill()
+            lines, end = self._spill.read(self._batch_size)
         except FileNotFoundError:
             lines, end = [], 0
         except OSError as exc:
-            with self._lock:
-                self._last_error = f"spill: {exc}"
-            logger.error("rebound reporter: cannot read the spill %s: %s", self._sending_path, exc)
-            return not self._sleep(self._backoff(self._refused_streak))
+            self._transport.note_error(f"spill: {exc}")
+            logger.error(
+                "rebound reporter: cannot read the spill %s: %s", self._spill.sending_path, exc
+            )
+            return not self._sleep(self._transport.streak_delay())
         if not lines:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(self._sending_path)
             with self._lock:
-                self._sending_exists = False
-                self._sending_offset = 0
-                self._sending_min = math.inf
+                self._spill.sent_all()
                 self._settled.notify_all()
             return True
         left, refused = self._deliver([(None, _LIFECYCLE, line) for line in lines])
         if not left:
-            self._sending_offset = end
+            self._spill.advance(end)
             return True
         if refused:
-            return not self._sleep(self._refused_delay())
+            return not self._sleep(self._transport.refused_delay())
         return False
 
     # ---- the sender thread ----------------------------------------------------------------
@@ -688,8 +487,7 @@ class Reporter:
                         self._stop
                         or self._flush_wanted
                         or self._qlen() >= self._batch_size
-                        or self._sending_exists
-                        or self._spill_nonempty
+                        or self._spill.pending
                     ):
                         remaining = tick - time.monotonic()
                         if remaining <= 0:
@@ -712,7 +510,7 @@ class Reporter:
         with self._lock:
             if not self._abandoned:
                 self._spill_leftovers()
-                self._close_spill_file(sync=True)
+                self._spill.close(sync=True)
             self._settled.notify_all()
 
     def _drain(self, partial: bool) -> None:
@@ -721,7 +519,7 @@ class Reporter:
         with self._lock:
             upto = self._seq if partial else 0
         while not self._stop:
-            if self._sending_exists or self._spill_nonempty:
+            if self._spill.pending:
                 if not self._send_spill_batch():
                     return
                 continue
@@ -744,7 +542,7 @@ class Reporter:
                     elif left:
                         self._restore(left)
                 self._settled.notify_all()
-            if refused and self._sleep(self._refused_delay()):
+            if refused and self._sleep(self._transport.refused_delay()):
                 return
 
     def _sleep(self, delay: float, interruptible: bool = True) -> bool:
@@ -761,181 +559,11 @@ class Reporter:
                 self._wake.wait(remaining)
             return self._stop
 
-    def _backoff(self, n: int) -> float:
-        delay = min(self._backoff_cap, self._backoff_base * 2 ** min(n, 32))
-        return delay * (0.5 + random.random() / 2)
-
-    def _refused_delay(self) -> float:
-        self._refused_streak += 1
-        return self._backoff(self._refused_streak)
-
     def _deliver(self, entries: list) -> tuple[list, bool]:
-        """Send `entries` until the console took them all.
-
-        Returns what is left undelivered and whether the console refused us
-        (401/403/...: left) rather than the thread stopping.
-        """
-        work = [entries]
-        failures_in_row = 0
-        while work:
-            if self._abandoned:
-                return [], False
-            chunk = work[0]
-            try:
-                status, headers, body = self._post(chunk)
-            except (OSError, http.client.HTTPException) as exc:
-                self._failed(f"{type(exc).__name__}: {exc}")
-                if self._sleep(self._backoff(failures_in_row)):
-                    return [e for c in work for e in c], False
-                failures_in_row += 1
-                continue
-            if 200 <= status < 300:
-                self._delivered(chunk, body)
-                work.pop(0)
-                failures_in_row = 0
-                continue
-            # 400: invalid events; 409: events that would rewrite a launch's history (a
-            # launch started twice, a new launch of a finished job). Neither is ever taken
-            # on a resend, so those events are dropped (logged) and the rest delivered.
-            if status in (400, 409):
-                bad = _bad_indexes(body, len(chunk))
-                if bad:
-                    self._reject([chunk[i] for i in sorted(bad)], body, status)
-                    rest = [e for i, e in enumerate(chunk) if i not in bad]
-                    work[0:1] = [rest] if rest else []
-                    continue
-            if status in (400, 409, 413):
-                # Find the culprit by halves; a single event refused so is dropped.
-                if len(chunk) == 1:
-                    self._reject(chunk, body, status)
-                    work.pop(0)
-                else:
-                    mid = len(chunk) // 2
-                    work[0:1] = [chunk[:mid], chunk[mid:]]
-                continue
-            if status in (408, 429) or status >= 500:
-                self._failed(f"{status}: {body[:300].decode(errors='replace')}")
-                wait = _retry_after(headers.get("Retry-After"))
-                delay = self._backoff(failures_in_row)
-                if wait is not None:
-                    delay = max(wait, delay)  # never sooner than the console asked
-                if self._sleep(delay, interruptible=wait is None):
-                    return [e for c in work for e in c], False
-                failures_in_row += 1
-                continue
-            self._refused(status, body)
-            return [e for c in work for e in c], True
-        return [], False
-
-    def _delivered(self, chunk, body: bytes) -> None:
-        try:
-            answer = json.loads(body)
-            accepted, duplicates = int(answer["accepted"]), int(answer["duplicates"])
-        except (ValueError, TypeError, KeyError):
-            accepted, duplicates = len(chunk), 0
-        with self._lock:
-            self._sent += accepted
-            self._duplicates += duplicates
-            if self._outage_logged or self._refused_logged:
-                logger.warning("rebound reporter: the console takes events again")
-            self._outage_logged = False
-            self._refused_logged = False
-            self._refused_streak = 0
-
-    def _failed(self, error: str) -> None:
-        with self._lock:
-            self._failures += 1
-            self._last_error = error
-            first = not self._outage_logged
-            self._outage_logged = True
-        if first:
-            logger.warning(
-                "rebound reporter: cannot deliver to %s (%s); retrying with backoff, events kept",
-                self.url,
-                error,
-            )
-        else:
-            logger.debug("rebound reporter: still failing: %s", error)
-
-    def _refused(self, status: int, body: bytes) -> None:
-        text = body[:2000].decode(errors="replace")
-        with self._lock:
-            self._failures += 1
-            self._last_error = f"{status}: {text}"
-            first = not self._refused_logged
-            self._refused_logged = True
-        if first:
-            logger.error(
-                "rebound reporter: the console at %s refused events with %d: %s -- "
-                "events are kept in %s and retried with backoff; check the url, token and job",
-                self.url,
-                status,
-                text,
-                self.spill_path,
-            )
-
-    def _reject(self, entries, body: bytes, status: int = 400) -> None:
-        ids = []
-        for e in entries:
-            try:
-                ids.append(json.loads(e[2]).get("id"))
-            except ValueError:
-                ids.append(None)
-        with self._lock:
-            self._rejected += len(entries)
-            self._last_error = f"{status}: {body[:300].decode(errors='replace')}"
-        logger.error(
-            "rebound reporter: the console refused %d event(s) %s with %d, dropped: %s",
-            len(entries),
-            ids[:20],
-            status,
-            body[:4000].decode(errors="replace"),
+        """What of `entries` is left undelivered, and whether the console refused us."""
+        return self._transport.deliver(
+            entries, sleep=self._sleep, abandoned=lambda: self._abandoned
         )
-
-    # ---- HTTP -----------------------------------------------------------------------------
-
-    def _connect(self) -> http.client.HTTPConnection:
-        if self._https:
-            import ssl
-
-            return http.client.HTTPSConnection(
-                self._netloc, timeout=self._timeout, context=ssl.create_default_context()
-            )
-        return http.client.HTTPConnection(self._netloc, timeout=self._timeout)
-
-    def _drop_conn(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
-
-    def _post(self, chunk) -> tuple[int, http.client.HTTPMessage, bytes]:
-        body = ('{"events":[' + ",".join(e[2] for e in chunk) + "]}").encode()
-        headers = self._headers
-        if len(body) >= self._gzip_min:
-            body = gzip.compress(body, compresslevel=6)
-            headers = {**headers, "Content-Encoding": "gzip"}
-        for _ in range(2):
-            fresh = self._conn is None
-            if fresh:
-                self._conn = self._connect()
-            conn = self._conn
-            try:
-                conn.request("POST", self._path, body=body, headers=headers)
-                response = conn.getresponse()
-                data = response.read(_MAX_RESPONSE_BYTES)
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                self._drop_conn()
-                if fresh:
-                    raise
-                continue  # a kept-alive connection the console had closed: once more, anew
-            except BaseException:
-                self._drop_conn()
-                raise
-            if response.will_close or not response.isclosed():
-                self._drop_conn()
-            return response.status, response.headers, data
-        raise ConnectionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     # ---- process hooks --------------------------------------------------------------------
 
@@ -957,72 +585,6 @@ class Reporter:
         self._queues = (deque(), deque(), deque())
         self._inflight = None
         self._inflight_min = None
-        self._spill_file = None
-        self._conn = None
+        self._spill.after_fork_in_child()
+        self._transport.after_fork_in_child()
         self._state = _FORKED
-
-
-# ---- one atexit hook and one SIGTERM handler for all Reporters of the process ----------------
-
-_registry: weakref.WeakSet[Reporter] = weakref.WeakSet()
-# Re-entrant: the SIGTERM handler may run while the main thread holds it.
-_registry_lock = threading.RLock()
-_atexit_installed = False
-_sigterm_installed = False
-
-
-def _register(reporter: Reporter, handle_sigterm: bool) -> None:
-    global _atexit_installed, _sigterm_installed
-    with _registry_lock:
-        _registry.add(reporter)
-        if not _atexit_installed:
-            atexit.register(_close_all)
-            _atexit_installed = True
-        if (
-            handle_sigterm
-            and not _sigterm_installed
-            and threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-        ):
-            # Only where nobody handles SIGTERM: a job's own handler decides for itself.
-            signal.signal(signal.SIGTERM, _on_sigterm)
-            _sigterm_installed = True
-
-
-def _unregister(reporter: Reporter) -> None:
-    with _registry_lock:
-        _registry.discard(reporter)
-
-
-def _close_all() -> None:
-    with _registry_lock:
-        reporters = list(_registry)
-    if not reporters:
-        return
-    for r in reporters:
-        r._request_flush()  # all send at once; then each waits what is left of the budget
-    deadline = time.monotonic() + max(r.exit_timeout_s for r in reporters)
-    for r in reporters:
-        try:
-            r.close(max(0.0, deadline - time.monotonic()))
-        except Exception:  # pragma: no cover - never stand in the way of an exit
-            logger.exception("rebound reporter: close at exit failed")
-
-
-def _on_sigterm(signum, frame) -> None:
-    _close_all()
-    # What SIGTERM would have done without us: end the process.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _after_fork_in_child() -> None:
-    global _registry, _registry_lock
-    _registry_lock = threading.RLock()
-    for r in list(_registry):
-        r._after_fork_in_child()
-    _registry = weakref.WeakSet()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -23,6 +23,7 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from common.time import dt
+from common.vocabulary import FAULT_CAUSES
 from incidents import signals
 from incidents.models import DetectorState, Incident, SweepState, TimelineEntry
 from incidents.settings import detector_settings
@@ -40,20 +41,6 @@ FAILED_ENDS = frozenset({"failed", "killed"})
 
 C = Incident.Cause
 S = Incident.Severity
-FAULT_CAUSES: dict[str, tuple[str, str]] = {
-    "crash": (C.SOFTWARE, S.MAJOR),
-    "hang": (C.HANG, S.MAJOR),
-    "nccl_timeout": (C.NETWORK, S.MAJOR),
-    "ecc": (C.MEMORY, S.CRITICAL),
-    "oom": (C.SOFTWARE, S.MAJOR),
-    "nan": (C.TRAINING_INSTABILITY, S.MAJOR),
-    "loss_spike": (C.TRAINING_INSTABILITY, S.MAJOR),
-    "sdc": (C.GPU, S.CRITICAL),
-    "preempted": (C.PREEMPTION, S.MINOR),
-    "network": (C.NETWORK, S.MAJOR),
-    "other": (C.UNKNOWN, S.MAJOR),
-    "dead_node": (C.HOST, S.CRITICAL),  # inferred: its heartbeats stopped
-}
 
 
 def fault_cause(fault_type: str, xid: int | None) -> tuple[str, str]:

@@ -11,25 +11,10 @@ checkpoints, jobs) use datetimes for people and the API.
 from django.db import models
 from django.db.models import Q
 
-# The kinds that shape a job's timeline; the accounting reads these events.
-LIFECYCLE_KINDS = (
-    "attempt_started",
-    "ready",
-    "checkpoint_load_started",
-    "checkpoint_loaded",
-    "checkpoint_save_started",
-    "checkpoint_saved",
-    "fault",
-    "attempt_ended",
-    "job_finished",
-    # Written by the console, never sent: an operator reopened the finished job, so the
-    # finishes up to this event's ts no longer end it (see jobs.services.job_reopen).
-    "job_reopened",
-)
-# Of those, the few per launch (not the checkpoint saves, which come every few
-# minutes for the job's whole life): what detection reads on every pass.
-SAVE_KINDS = ("checkpoint_save_started", "checkpoint_saved")
-LAUNCH_KINDS = tuple(k for k in LIFECYCLE_KINDS if k not in SAVE_KINDS)
+from common.vocabulary import EVENT_KINDS, LAUNCH_KINDS, TIMELINE_KINDS
+
+# moved: common.vocabulary.TIMELINE_KINDS (the kinds that shape a job's timeline)
+LIFECYCLE_KINDS = TIMELINE_KINDS
 
 
 class Cluster(models.Model):
@@ -159,22 +144,11 @@ STREAM_FK = {"on_delete": models.CASCADE, "db_constraint": False, "db_index": Fa
 class Event(models.Model):
     """The raw stream exactly as received, deduplicated on (job, client id)."""
 
-    class Kind(models.TextChoices):
-        ATTEMPT_STARTED = "attempt_started"
-        READY = "ready"
-        CHECKPOINT_LOAD_STARTED = "checkpoint_load_started"
-        CHECKPOINT_LOADED = "checkpoint_loaded"
-        STEP = "step"
-        CHECKPOINT_SAVE_STARTED = "checkpoint_save_started"
-        CHECKPOINT_SAVED = "checkpoint_saved"
-        RANK_WINDOW = "rank_window"
-        HEARTBEAT = "heartbeat"
-        FAULT = "fault"
-        ATTEMPT_ENDED = "attempt_ended"
-        JOB_FINISHED = "job_finished"
-        JOB_REOPENED = "job_reopened"  # the console's own: see LIFECYCLE_KINDS
+    # One member per kind of common.vocabulary (ATTEMPT_STARTED = "attempt_started", ...).
+    Kind = models.TextChoices("Kind", [(kind.upper(), kind) for kind in EVENT_KINDS])
 
-    LIFECYCLE_KINDS = LIFECYCLE_KINDS
+    TIMELINE_KINDS = TIMELINE_KINDS
+    LIFECYCLE_KINDS = TIMELINE_KINDS  # moved: Event.TIMELINE_KINDS
     LAUNCH_KINDS = LAUNCH_KINDS
 
     job = models.ForeignKey(TrainingJob, related_name="events", **STREAM_FK)
@@ -197,7 +171,7 @@ class Event(models.Model):
             models.Index(
                 fields=["job", "ts"],
                 name="event_lifecycle_by_job",
-                condition=Q(kind__in=LIFECYCLE_KINDS),
+                condition=Q(kind__in=TIMELINE_KINDS),
             ),
             models.Index(
                 fields=["job", "ts"],

@@ -7,74 +7,32 @@ problem (index, field, reason) instead of stopping at the first.
 
 import json
 import math
-import re
 from dataclasses import dataclass
-from datetime import datetime
 
 import orjson
 
 from common.errors import Invalid
+from common.time import parse_ts
+from common.vocabulary import (
+    END_REASONS,
+    FAULT_TYPES,
+    JOB_KEY,
+    KINDS_WITHOUT_ATTEMPT,
+    NODE_NAME,
+    WIRE_KINDS,
+)
 
-KINDS = frozenset(
-    {
-        "attempt_started",
-        "ready",
-        "checkpoint_load_started",
-        "checkpoint_loaded",
-        "step",
-        "checkpoint_save_started",
-        "checkpoint_saved",
-        "rank_window",
-        "heartbeat",
-        "fault",
-        "attempt_ended",
-        "job_finished",
-    }
-)
-KINDS_WITHOUT_ATTEMPT = frozenset({"heartbeat", "fault"})
-FAULT_TYPES = frozenset(
-    {
-        "crash",
-        "hang",
-        "nccl_timeout",
-        "gpu_xid",
-        "ecc",
-        "oom",
-        "nan",
-        "loss_spike",
-        "sdc",
-        "preempted",
-        "network",
-        "other",
-    }
-)
-END_REASONS = frozenset({"completed", "failed", "killed", "preempted"})
+# What a client may send (common.vocabulary holds the vocabulary; these names are the wire's).
+KINDS = frozenset(WIRE_KINDS)
 EVENT_FIELDS = frozenset({"id", "job", "kind", "ts", "attempt", "node", "rank", "data"})
-# The alphabets of names that end up in URLs, pages and the database. Checked
-# with \A...\Z: `$` would let a trailing newline through. Job keys are slugs;
-# node names are host names (letters, digits, '.', '-', '_', starting with a
-# letter or digit), never '/' (a node's page is /nodes/<cluster>/<name>/).
-JOB_KEY = re.compile(r"\A[A-Za-z0-9_-]{1,100}\Z")
-NODE_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
-SLUG = JOB_KEY
 # What the database's integer columns hold: a number past these is refused at the wire.
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 INT32_MIN = -(2**31)
 INT64_MIN = -(2**63)
-# RFC 3339's date-time (section 5.6): 'T' and 'Z' in either case, an offset required,
-# ASCII digits only. Python's fromisoformat alone also takes '2026-11-30 08:00:00Z',
-# '20261130T080000Z', week dates and offsets without a colon.
-RFC3339 = re.compile(
-    r"\A\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})\Z",
-    re.ASCII,
-)
 # What `data` may hold beside its kind's fields: any JSON value, its lists and objects
 # nested at most this deep (orjson writes at most 254 levels; jsonb keeps what is sent).
 MAX_DATA_DEPTH = 8
-# Timestamps outside these years are a unit mistake (ms or ns), not a date.
-TS_MIN = 946684800.0  # 2000-01-01
-TS_MAX = 4102444800.0  # 2100-01-01
 # Strict JSON has no NaN or infinity; clients may send them as these strings.
 NON_FINITE = {
     "nan": math.nan,
@@ -314,24 +272,6 @@ def parse_body(body: bytes) -> list:
     if not isinstance(events, list):
         raise WireError("events", "required: a list of events")
     return events
-
-
-def parse_ts(value) -> float | None:
-    """Unix seconds from a number or an RFC 3339 date-time (an offset required)."""
-    if _is_number(value):
-        # Compared before converting: an integer past a double's range would overflow.
-        if not (TS_MIN <= value <= TS_MAX):
-            return None
-        return float(value)
-    if type(value) is not str or not RFC3339.match(value):
-        return None
-    try:
-        ts = datetime.fromisoformat(value.upper()).timestamp()
-    except ValueError:  # month 13, second 60, offset +25:00 ...
-        return None
-    if not (TS_MIN <= ts <= TS_MAX):
-        return None
-    return ts
 
 
 def _finite_json(data: dict, isfinite=math.isfinite) -> dict:

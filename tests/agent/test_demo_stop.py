@@ -15,7 +15,8 @@ import pytest
 pytest.importorskip("torch")
 
 from agent import control
-from agent.cluster import LocalCluster, _alive
+from agent.cluster import LocalCluster
+from agent.cluster.procs import alive
 from tests.processes import ROOT, free_port
 
 STOPPED_WITHIN_S = 8  # what "promptly" means on a loaded two-core machine
@@ -70,15 +71,15 @@ def test_stopping_the_demo_stops_its_node_agents_supervisor_and_ranks_within_sec
         cluster = LocalCluster(root)
         before = processes_of(cluster)
         assert len(before) == 4 + 1 + 4, before  # 4 node agents, a supervisor, 4 ranks
-        assert all(_alive(pid, start) for pid, start in before.values())
+        assert all(alive(pid, start) for pid, start in before.values())
 
         demo.send_signal(signal.SIGTERM)
         t0 = time.monotonic()
         out = demo.communicate(timeout=STOPPED_WITHIN_S)[0]
 
         def left():
-            return {w: p for w, (p, s) in processes_of(cluster).items() if _alive(p, s)} | {
-                w: p for w, (p, s) in before.items() if _alive(p, s)
+            return {w: p for w, (p, s) in processes_of(cluster).items() if alive(p, s)} | {
+                w: p for w, (p, s) in before.items() if alive(p, s)
             }
 
         wait_until(lambda: not left(), STOPPED_WITHIN_S - (time.monotonic() - t0), str(left()))
@@ -88,7 +89,7 @@ def test_stopping_the_demo_stops_its_node_agents_supervisor_and_ranks_within_sec
             demo.kill()
         if (root / "cluster.json").exists():  # whatever a failure left: never let it linger
             for pid, start in processes_of(LocalCluster(root)).values():
-                if _alive(pid, start):
+                if alive(pid, start):
                     os.kill(pid, signal.SIGKILL)
 
 

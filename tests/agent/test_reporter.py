@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.reporter import Reporter, _retry_after
+from agent.reporter import Reporter
+from agent.transport import retry_after
 from tests.agent.fakes import TOKEN, FakeConsole, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,13 +108,15 @@ def test_import_needs_only_the_standard_library():
         textwrap.dedent(
             """
             import agent.reporter
-            top = {m.split(".")[0] for m in sys.modules} - {"agent", "__main__"}
+            top = {m.split(".")[0] for m in sys.modules} - {"agent", "common", "__main__"}
             print(sorted(top - sys.stdlib_module_names))
+            print(sorted(m for m in sys.modules if m.split(".")[0] == "common"))
             """
         )
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    # Of the console's code, only the stdlib-only vocabulary comes along.
+    assert out.stdout.split("\n")[:2] == ["[]", "['common', 'common.vocabulary']"]
 
 
 def test_events_carry_only_the_fields_that_are_set(console, reporter):
@@ -244,8 +247,8 @@ def test_5xx_is_retried_with_growing_backoff_and_the_same_ids(console, reporter)
 
 def test_backoff_has_jitter_and_a_cap(reporter):
     r = reporter(backoff_base_s=0.5, backoff_cap_s=30.0)
-    assert 0.25 <= r._backoff(0) <= 0.5
-    late = [r._backoff(20) for _ in range(50)]
+    assert 0.25 <= r._transport.backoff(0) <= 0.5
+    late = [r._transport.backoff(20) for _ in range(50)]
     assert all(15 <= d <= 30 for d in late) and len(set(late)) > 1
 
 
@@ -288,10 +291,10 @@ def test_delivers_once_the_console_is_up_and_says_so_once(down, reporter, caplog
 def test_retry_after_in_seconds_or_as_a_date():
     from email.utils import formatdate
 
-    assert _retry_after("3") == 3.0
-    assert _retry_after("100000") == 300.0  # bounded
-    assert 5 <= _retry_after(formatdate(time.time() + 10, usegmt=True)) <= 10
-    assert _retry_after("soon") is None and _retry_after(None) is None
+    assert retry_after("3") == 3.0
+    assert retry_after("100000") == 300.0  # bounded
+    assert 5 <= retry_after(formatdate(time.time() + 10, usegmt=True)) <= 10
+    assert retry_after("soon") is None and retry_after(None) is None
 
 
 def test_a_wrong_url_is_refused_loudly_and_kept(console, reporter, spill, caplog):
@@ -417,7 +420,7 @@ def test_a_new_reporter_sends_the_spill_a_closed_one_left(down, reporter, spill)
 
 def test_the_spill_survives_the_process_exiting(down, spill, reporter):
     code = f"""
-    from agent.reporter import Reporter, _retry_after
+    from agent.reporter import Reporter
     r = Reporter({down.url!r}, {TOKEN!r}, "j1", attempt=1, rank=0, max_queue=5,
                  spill_path={str(spill)!r}, backoff_base_s=0.01, exit_timeout_s=0.3)
     ids = [r.emit("step", {{"step": s}}) for s in range(20)]
@@ -525,7 +528,7 @@ def test_emit_never_blocks_while_the_console_is_down(down, reporter, spill):
 
 def test_exit_flushes(console, spill):
     code = f"""
-    from agent.reporter import Reporter, _retry_after
+    from agent.reporter import Reporter
     r = Reporter({console.url!r}, {TOKEN!r}, "j1", attempt=1, flush_interval_s=60,
                  spill_path={str(spill)!r})
     print(",".join(r.emit("step", {{"step": s}}) for s in range(5)))
@@ -538,7 +541,7 @@ def test_exit_flushes(console, spill):
 def test_sigterm_flushes_then_terminates(console, spill):
     code = f"""
     import os, signal, time
-    from agent.reporter import Reporter, _retry_after
+    from agent.reporter import Reporter
     r = Reporter({console.url!r}, {TOKEN!r}, "j1", attempt=1, flush_interval_s=60,
                  spill_path={str(spill)!r})
     print(",".join(r.emit("step", {{"step": s}}) for s in range(5)), flush=True)
@@ -555,7 +558,8 @@ def test_sigterm_flushes_then_terminates(console, spill):
 def test_sigterm_handler_only_where_none_is_installed(console, spill):
     code = f"""
     import signal, threading
-    from agent.reporter import Reporter, _on_sigterm
+    from agent.process_hooks import _on_sigterm
+    from agent.reporter import Reporter
     def make():
         Reporter({console.url!r}, {TOKEN!r}, "j1", spill_path={str(spill)!r}).close()
     def mine(*a): pass

@@ -7,7 +7,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from agent.reporter import LIFECYCLE_KINDS, Reporter
+from agent.reporter import Reporter
+from common.vocabulary import NEVER_SHED_KINDS
 from console.services import token_issue
 from jobs.models import Attempt, Checkpoint, Event, StepRecord, TrainingJob
 from tests.agent.fakes import TcpProxy, wait_for
@@ -83,7 +84,7 @@ class Trace:
         )
 
     def lifecycle_ids(self):
-        return {i for i, kind in self.ids.items() if kind in LIFECYCLE_KINDS}
+        return {i for i, kind in self.ids.items() if kind in NEVER_SHED_KINDS}
 
 
 def trace_window(s):

@@ -1,55 +1,19 @@
-"""A local cluster on this machine: virtual nodes, real torch ranks, fault injection.
+"""LocalCluster: virtual nodes on this machine and the launches running on them, all
+state in a directory any process can read (its layout: agent.cluster). Launching,
+stopping, fault injection and the node agents' lifecycle; the processes it starts
+run agent.cluster.supervisor and agent.cluster.node_agent (through agent.cluster.cli).
+No torch, no Django.
 
-Owns launching the demo job (`agent.demo_train`) as real processes, keeping
-track of them in a state directory any process can read, tearing a launch
-down, and injecting faults. It needs neither Django nor torch, so a Celery
-worker (or a shell) can drive it:
-
-    from agent.cluster import LocalCluster
-
-    c = LocalCluster.create("var/cluster", nodes={"node-a": 2, "node-b": 2, "node-c": 2},
-                            sink={"events": "var/cluster/events.jsonl"})
-    c.start_node_agents()                       # a heartbeat process per node
-    c.launch("llm", nodes=["node-a", "node-b"], steps=500, ckpt_every=50)
-    c.slow_rank("llm", 3, 4.0)                  # fault injection
-    c.kill_rank("llm", 1)                       # -> the launch fails, its ranks are torn down
-    c.replace_node("llm", "node-a")             # attempt 2 on node-b + a spare, from the checkpoint
-    c.status("llm")
-
-Each launch (an attempt) runs under a supervisor process (the torchrun of this
-cluster): it starts one process per rank, each in its own process group, ranks
-spread evenly over the launch's nodes; it records their pids and exit codes;
-when one rank fails it tears the others down (SIGTERM, then SIGKILL) and
-reports the launch's end (`attempt_ended` failed, and a `fault` crash naming
-the rank and node that died first, unless it died of a lost peer). Rank 0
-reports a completed launch itself.
-
-The state directory (default `var/cluster`, or $REBOUND_CLUSTER_DIR):
-
-    cluster.json                 nodes and their slots, where events go, heartbeat period
-    nodes/<node>.json            the node's flags (heartbeats on/off), read by its agent and ranks
-    nodes/<node>.agent.json      the node agent's pid
-    jobs/<job>/job.json          the job's latest attempt
-    jobs/<job>/control.json      fault switches the ranks read every step (agent.control)
-    jobs/<job>/checkpoints/      the shared checkpoint directory
-    jobs/<job>/attempts/<n>/plan.json    what was launched: placement, port, training arguments
-    jobs/<job>/attempts/<n>/procs.json   the supervisor's record: pids, states, exit codes
-    jobs/<job>/attempts/<n>/*.log        the supervisor's and each rank's output
-
-Node heartbeats: the wire format wants a job on every event, so a node agent
-sends one `heartbeat` (node set, no rank) per running launch that has ranks on
-its node, and none while it runs nothing.
+About 540 lines on purpose: one class whose methods are the cluster's whole API
+(launch, stop, fault injection, node agents) over one state directory.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -57,9 +21,9 @@ from pathlib import Path
 
 from agent import control
 from agent.checkpoints import latest_checkpoint
+from agent.cluster.procs import REPO, alive, child_env, free_port, proc_state, signal_group
 from agent.sinks import make_sink
 
-REPO = Path(__file__).resolve().parents[1]
 # agent.demo_train's exit codes: bad options (or a named checkpoint that is missing),
 # and a collective that failed because of a peer (a symptom, not a crash of its own).
 EXIT_CONFIG = 2
@@ -76,48 +40,7 @@ class ClusterError(Exception):
     pass
 
 
-# --- processes ---------------------------------------------------------------------------
-
-
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, start time in clock ticks) of a live process, None when it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    fields = raw[raw.rindex(")") + 2 :].split()
-    return fields[0], int(fields[19])
-
-
-def _alive(pid: int | None, start: int | None = None) -> bool:
-    """Whether `pid` is the same process still running (a zombie is not; a reused pid is not)."""
-    if not pid:
-        return False
-    st = _proc_stat(pid)
-    if st is None or st[0] in ("Z", "X"):
-        return False
-    return start is None or st[1] == start
-
-
-def _proc_state(pid, start) -> str:
-    st = _proc_stat(pid) if pid else None
-    if st is None or st[0] in ("Z", "X") or (start is not None and st[1] != start):
-        return "gone"
-    return "stopped" if st[0] in ("T", "t") else "running"
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn_detached(args: list[str], log: Path) -> None:
+def spawn_detached(args: list[str], log: Path) -> None:
     """Starts `python -m agent.cluster ARGS --detach`, which forks its real work off and
     returns at once, so the real process is nobody's child here (no zombie to reap)."""
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -125,7 +48,7 @@ def _spawn_detached(args: list[str], log: Path) -> None:
         p = subprocess.Popen(
             [sys.executable, "-m", "agent.cluster", *args, "--detach"],
             cwd=REPO,
-            env=_child_env(),
+            env=child_env(),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -133,23 +56,6 @@ def _spawn_detached(args: list[str], log: Path) -> None:
         )
     if p.wait(timeout=30) != 0:
         raise ClusterError(f"could not start {' '.join(args[:1])}: see {log}")
-
-
-def _child_env(extra: dict | None = None) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.update(extra or {})
-    return env
-
-
-def _detach() -> None:
-    """Forks: the parent (the launcher's child) exits, the child carries on."""
-    if os.fork() > 0:
-        os._exit(0)
-
-
-# --- the cluster -------------------------------------------------------------------------
 
 
 class LocalCluster:
@@ -242,7 +148,7 @@ class LocalCluster:
         plan = self.plan(job, attempt)
         procs = control.read_json(self.attempt_dir(job, plan["attempt"]) / "procs.json") or {}
         state = procs.get("state", "starting")
-        supervised = _alive(procs.get("supervisor_pid"), procs.get("supervisor_start"))
+        supervised = alive(procs.get("supervisor_pid"), procs.get("supervisor_start"))
         if (
             state in RUNNING
             and not supervised
@@ -259,7 +165,7 @@ class LocalCluster:
                     "rank": slot["rank"],
                     "node": slot["node"],
                     "pid": r.get("pid"),
-                    "state": _proc_state(r.get("pid"), r.get("start")) if rc is None else "exited",
+                    "state": proc_state(r.get("pid"), r.get("start")) if rc is None else "exited",
                     "returncode": rc,
                 }
             )
@@ -349,7 +255,7 @@ class LocalCluster:
             )
         job_dir = self.job_dir(job)
         job_dir.mkdir(parents=True, exist_ok=True)
-        with _locked(job_dir / ".launch.lock"):
+        with locked(job_dir / ".launch.lock"):
             last = self.current_attempt(job)
             if last is not None:
                 prev = self.status(job)
@@ -387,7 +293,7 @@ class LocalCluster:
             adir.mkdir(parents=True, exist_ok=True)
             control.write_json(adir / "plan.json", plan)
             control.write_json(job_dir / "job.json", {"job": job, "attempt": attempt})
-        _spawn_detached(
+        spawn_detached(
             ["supervise", "--root", str(self.root), "--job", job, "--attempt", str(attempt)],
             adir / "supervisor.log",
         )
@@ -472,8 +378,8 @@ class LocalCluster:
                 pass
         # No supervisor to do it: kill the ranks here.
         for r in procs.get("ranks", []):
-            if _alive(r.get("pid"), r.get("start")):
-                _signal_group(r["pid"], signal.SIGKILL)
+            if alive(r.get("pid"), r.get("start")):
+                signal_group(r["pid"], signal.SIGKILL)
         return self.status(job)
 
     # fault injection
@@ -483,7 +389,7 @@ class LocalCluster:
         procs = control.read_json(self.attempt_dir(job, st["attempt"]) / "procs.json") or {}
         for r in procs.get("ranks", []):
             if r["rank"] == rank:
-                if not _alive(r.get("pid"), r.get("start")):
+                if not alive(r.get("pid"), r.get("start")):
                     raise ClusterError(f"rank {rank} of {job} is not running")
                 return r
         raise ClusterError(f"job {job} has no rank {rank}")
@@ -564,7 +470,7 @@ class LocalCluster:
         for node in nodes or list(self.nodes):
             if self.node_agent_pid(node):
                 continue
-            _spawn_detached(
+            spawn_detached(
                 ["node-agent", "--root", str(self.root), "--node", node],
                 self.root / "nodes" / f"{node}.agent.log",
             )
@@ -576,7 +482,7 @@ class LocalCluster:
 
     def node_agent_pid(self, node: str) -> int | None:
         info = control.read_json(self.root / "nodes" / f"{node}.agent.json") or {}
-        return info["pid"] if _alive(info.get("pid"), info.get("start")) else None
+        return info["pid"] if alive(info.get("pid"), info.get("start")) else None
 
     def stop_node_agents(self, nodes: list[str] | None = None) -> None:
         for node in nodes or list(self.nodes):
@@ -607,7 +513,7 @@ class LocalCluster:
             control.write_json(adir / "stop.json", {"by": "agent.cluster", "quick": True})
             record = control.read_json(adir / "procs.json") or {}
             sup = (record.get("supervisor_pid"), record.get("supervisor_start"), False)
-            if _alive(*sup[:2]):
+            if alive(*sup[:2]):
                 os.kill(sup[0], signal.SIGTERM)
                 procs.append(sup)
             for r in record.get("ranks", []):
@@ -616,302 +522,25 @@ class LocalCluster:
         for node in self.nodes:
             info = control.read_json(self.root / "nodes" / f"{node}.agent.json") or {}
             agent = (info.get("pid"), info.get("start"), False)
-            if _alive(*agent[:2]):
+            if alive(*agent[:2]):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(agent[0], signal.SIGTERM)
                 procs.append(agent)
                 stopped.append(f"node agent {node}")
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(_alive(p, s) for p, s, _ in procs):
+        while time.monotonic() < deadline and any(alive(p, s) for p, s, _ in procs):
             time.sleep(0.05)
         for pid, start, leader in procs:
-            if _alive(pid, start):
+            if alive(pid, start):
                 if leader:
-                    _signal_group(pid, signal.SIGKILL)
+                    signal_group(pid, signal.SIGKILL)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         return stopped
 
 
 @contextlib.contextmanager
-def _locked(path: Path):
+def locked(path: Path):
     with open(path, "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         yield
-
-
-# --- the supervisor (one process per launch) ---------------------------------------------
-
-
-def _rank_command(cluster: LocalCluster, plan: dict, slot: dict) -> list[str]:
-    job, attempt = plan["job"], plan["attempt"]
-    spec = cluster.sink_spec
-    cmd = [
-        sys.executable,
-        "-m",
-        "agent.demo_train",
-        "--job",
-        job,
-        "--attempt",
-        str(attempt),
-        "--node",
-        slot["node"],
-        "--nodes",
-        ",".join(plan["nodes"]),
-        "--gpus-per-node",
-        str(plan["gpus_per_node"]),
-        "--launched-at",
-        repr(plan["launched_at"]),
-        "--ckpt-dir",
-        str(cluster.checkpoint_dir(job)),
-        "--control",
-        str(cluster.control_path(job)),
-        "--node-flags",
-        str(cluster.node_flags_path(slot["node"])),
-    ]
-    if spec.get("events"):
-        cmd += ["--events", spec["events"]]
-    if spec.get("url"):
-        cmd += ["--url", spec["url"]]
-    if plan.get("resume_step") is not None:
-        cmd += ["--resume-step", str(plan["resume_step"])]
-    for key, value in plan["train"].items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            cmd.append(flag)
-        elif value not in (None, False):
-            cmd += [flag, str(value)]
-    return cmd
-
-
-class _Supervisor:
-    def __init__(self, cluster: LocalCluster, job: str, attempt: int):
-        self.cluster = cluster
-        self.plan = cluster.plan(job, attempt)
-        self.job = job
-        self.attempt = attempt
-        self.dir = cluster.attempt_dir(job, attempt)
-        self.procs: dict[int, subprocess.Popen] = {}
-        self.record = {
-            "state": "starting",
-            "supervisor_pid": os.getpid(),
-            "supervisor_start": _proc_stat(os.getpid())[1],
-            "ranks": [],
-        }
-        self.stop_requested = False
-        self.failure = None
-
-    def write(self):
-        control.write_json(self.dir / "procs.json", self.record)
-
-    def start(self):
-        self.write()
-        token = self.cluster.sink_spec.get("token")
-        for slot in self.plan["ranks"]:
-            env = _child_env(
-                {
-                    "RANK": str(slot["rank"]),
-                    "WORLD_SIZE": str(self.plan["world_size"]),
-                    "LOCAL_RANK": str(slot["local_rank"]),
-                    "LOCAL_WORLD_SIZE": str(self.plan["gpus_per_node"]),
-                    "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(self.plan["master_port"]),
-                    "GLOO_SOCKET_IFNAME": "lo",
-                    **({"REBOUND_TOKEN": token} if token else {}),
-                }
-            )
-            with open(self.dir / f"rank-{slot['rank']}.log", "ab") as log:
-                p = subprocess.Popen(
-                    _rank_command(self.cluster, self.plan, slot),
-                    cwd=REPO,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # its own process group, signalled as one
-                )
-            self.procs[slot["rank"]] = p
-            st = _proc_stat(p.pid)
-            self.record["ranks"].append(
-                {
-                    "rank": slot["rank"],
-                    "node": slot["node"],
-                    "pid": p.pid,
-                    "start": st[1] if st else None,
-                    "returncode": None,
-                    "exited_at": None,
-                }
-            )
-        self.record["state"] = "running"
-        self.write()
-
-    def poll(self) -> list[dict]:
-        """Records ranks that exited since the last poll; returns them."""
-        exited = []
-        for r in self.record["ranks"]:
-            if r["returncode"] is None:
-                rc = self.procs[r["rank"]].poll()
-                if rc is not None:
-                    r["returncode"], r["exited_at"] = rc, time.time()
-                    exited.append(r)
-        if exited:
-            self.write()
-        return exited
-
-    def teardown(self, grace_s: float = 5.0):
-        live = [r for r in self.record["ranks"] if r["returncode"] is None]
-        for r in live:
-            _signal_group(r["pid"], signal.SIGTERM)
-            _signal_group(r["pid"], signal.SIGCONT)  # a stopped rank must run to die
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs.values()):
-            time.sleep(0.05)
-        for r in live:
-            if self.procs[r["rank"]].poll() is None:
-                _signal_group(r["pid"], signal.SIGKILL)
-        for p in self.procs.values():
-            p.wait()
-        self.poll()
-
-    def run(self) -> int:
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
-        try:
-            self.start()
-        except Exception as exc:
-            self.record["failure"] = {"message": f"could not start: {exc!r}"}
-            self.stop_requested = True
-        while True:
-            exited = self.poll()
-            failed = [r for r in exited if r["returncode"] != 0]
-            if self.stop_requested:
-                self.record["state"] = "stopping"
-                self.write()
-                stop = control.read_json(self.dir / "stop.json") or {}
-                if stop.get("quick"):  # the cluster shuts down: a second or two for all
-                    self.teardown(grace_s=1.5)
-                    return self.end("killed", report_s=1.5)
-                self.teardown()
-                return self.end("killed")
-            if failed:
-                # The first to die is the cause; one that lost a peer is a symptom.
-                failed.sort(key=lambda r: (r["returncode"] == EXIT_PEER_LOST, r["rank"]))
-                self.failure = failed[0]
-                self.record["state"] = "stopping"
-                self.write()
-                self.teardown()
-                return self.end("failed")
-            if all(r["returncode"] == 0 for r in self.record["ranks"]):
-                return self.end("completed")
-            time.sleep(0.05)
-
-    def _on_signal(self, signum, frame):
-        self.stop_requested = True
-
-    def end(self, state: str, report_s: float = 10.0) -> int:
-        """Records the launch's end and reports it, for at most about 2 x `report_s`."""
-        ranks = {r["rank"]: r for r in self.record["ranks"]}
-        sink = self.cluster.sink(self.job, attempt=self.attempt)
-        f = self.failure
-        if f is not None:
-            rc = f["returncode"]
-            if rc < 0:
-                how = f"signal {signal.Signals(-rc).name}"
-            elif rc == EXIT_PEER_LOST:
-                how = f"exit code {rc} (a collective failed: a peer died or hung)"
-            else:
-                how = f"exit code {rc}"
-            self.record["failure"] = {
-                "rank": f["rank"],
-                "node": f["node"],
-                "returncode": rc,
-                "message": f"rank {f['rank']} on {f['node']} exited with {how}",
-            }
-            if rc != EXIT_PEER_LOST:
-                message = self.record["failure"]["message"]
-                kind = "other" if rc == EXIT_CONFIG else "crash"
-                sink.emit(
-                    "fault",
-                    {"type": kind, "exit_code": rc, "message": message},
-                    attempt=self.attempt,
-                    node=f["node"],
-                    rank=f["rank"],
-                )
-        rank0 = ranks.get(0)
-        if state != "completed" and not (rank0 and rank0["returncode"] == 0):
-            data = {"reason": state}
-            if f is not None:
-                data["exit_code"] = f["returncode"]
-            stop = control.read_json(self.cluster.attempt_dir(self.job, self.attempt) / "stop.json")
-            if state == "killed" and stop:
-                data["requested_by"] = stop["by"]
-            sink.emit("attempt_ended", data, attempt=self.attempt)
-        sink.flush(timeout_s=report_s)
-        sink.close(timeout_s=report_s)
-        self.record["state"] = state
-        self.record["ended_at"] = time.time()
-        self.write()
-        return 0
-
-
-# --- the node agent (one process per node) ------------------------------------------------
-
-
-def _node_agent(cluster: LocalCluster, node: str) -> int:
-    info_path = cluster.root / "nodes" / f"{node}.agent.json"
-    control.write_json(info_path, {"pid": os.getpid(), "start": _proc_stat(os.getpid())[1]})
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    flags = control.NodeFlags(cluster.node_flags_path(node))
-    interval = float(cluster.config.get("heartbeat_s", 5.0))
-    sinks = {}
-    try:
-        while not stop:
-            if flags.heartbeats():
-                for st in cluster.running():
-                    if node in st["nodes"]:
-                        sink = sinks.get(st["job"])
-                        if sink is None:
-                            sink = sinks[st["job"]] = cluster.sink(st["job"], node=node)
-                        sink.emit("heartbeat", {}, attempt=st["attempt"], node=node)
-            deadline = time.monotonic() + interval
-            while not stop and time.monotonic() < deadline:
-                time.sleep(min(0.1, interval))
-    finally:
-        for sink in sinks.values():
-            sink.close(timeout_s=1.0)  # heartbeats only: nothing worth waiting for
-        with contextlib.suppress(FileNotFoundError):
-            info_path.unlink()
-    return 0
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m agent.cluster", description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    for name in ("supervise", "node-agent", "status", "stop"):
-        sp = sub.add_parser(name)
-        sp.add_argument("--root", default=str(default_root()))
-        sp.add_argument("--detach", action="store_true", help=argparse.SUPPRESS)
-        if name in ("supervise", "status", "stop"):
-            sp.add_argument("--job", required=True)
-        if name == "supervise":
-            sp.add_argument("--attempt", type=int, required=True)
-        if name == "node-agent":
-            sp.add_argument("--node", required=True)
-    args = p.parse_args(argv)
-    cluster = LocalCluster(args.root)
-    if args.detach:
-        _detach()
-    if args.command == "supervise":
-        return _Supervisor(cluster, args.job, args.attempt).run()
-    if args.command == "node-agent":
-        return _node_agent(cluster, args.node)
-    if args.command == "status":
-        print(json.dumps(cluster.status(args.job), indent=1))
-    elif args.command == "stop":
-        print(json.dumps(cluster.stop(args.job), indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
