@@ -62,7 +62,6 @@ _CLASS_OF = {"heartbeat": _HEARTBEAT, "rank_window": _WINDOW}
 
 _RUNNING, _CLOSED, _FORKED = "running", "closed", "forked"
 _KINDS = frozenset(WIRE_KINDS)
-_SLUG = JOB_KEY  # moved: common.vocabulary.JOB_KEY
 
 
 def _json_default(value):

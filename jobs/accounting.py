@@ -130,7 +130,7 @@ def load_steps(job_id: int) -> Steps:
 
 def load_lifecycle(job_id: int) -> list[tuple[str, float, int | None, dict]]:
     return list(
-        Event.objects.filter(job_id=job_id, kind__in=Event.LIFECYCLE_KINDS)
+        Event.objects.filter(job_id=job_id, kind__in=Event.TIMELINE_KINDS)
         .order_by("ts", "id")
         .values_list("kind", "ts", "attempt", "data")
     )

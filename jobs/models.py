@@ -13,9 +13,6 @@ from django.db.models import Q
 
 from common.vocabulary import EVENT_KINDS, LAUNCH_KINDS, TIMELINE_KINDS
 
-# moved: common.vocabulary.TIMELINE_KINDS (the kinds that shape a job's timeline)
-LIFECYCLE_KINDS = TIMELINE_KINDS
-
 
 class Cluster(models.Model):
     name = models.SlugField(max_length=100, unique=True)
@@ -148,7 +145,6 @@ class Event(models.Model):
     Kind = models.TextChoices("Kind", [(kind.upper(), kind) for kind in EVENT_KINDS])
 
     TIMELINE_KINDS = TIMELINE_KINDS
-    LIFECYCLE_KINDS = TIMELINE_KINDS  # moved: Event.TIMELINE_KINDS
     LAUNCH_KINDS = LAUNCH_KINDS
 
     job = models.ForeignKey(TrainingJob, related_name="events", **STREAM_FK)

@@ -6,6 +6,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from common.time import TS_MAX, TS_MIN
 from jobs.accounting import CATEGORIES
 from jobs.models import Attempt, Checkpoint, TrainingJob
 from jobs.wire import (
@@ -17,8 +18,6 @@ from jobs.wire import (
     KINDS,
     KINDS_WITHOUT_ATTEMPT,
     NON_FINITE,
-    TS_MAX,
-    TS_MIN,
 )
 
 

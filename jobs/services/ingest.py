@@ -177,7 +177,7 @@ def _project(cluster: Cluster, jobs: dict[str, TrainingJob], fresh: list[WireEve
 
     steps = [e for e in fresh if e.kind == "step"]
     windows = [e for e in fresh if e.kind == "rank_window"]
-    lifecycle = [e for e in fresh if e.kind in Event.LIFECYCLE_KINDS]
+    lifecycle = [e for e in fresh if e.kind in Event.TIMELINE_KINDS]
     heartbeats = [e for e in fresh if e.kind == "heartbeat"]
 
     node_names = {e.node for e in fresh if e.node}

@@ -2,8 +2,8 @@
 
 import numpy as np
 
+from common.vocabulary import TIMELINE_KINDS
 from jobs.accounting import Steps, compute_ledger
-from jobs.models import LIFECYCLE_KINDS
 
 
 def build(events):
@@ -16,7 +16,7 @@ def build(events):
     lifecycle = [
         (e["kind"], e["ts"], e.get("attempt"), e["data"])
         for _, e in sorted(indexed, key=lambda ie: (ie[1]["ts"], ie[0]))
-        if e["kind"] in LIFECYCLE_KINDS
+        if e["kind"] in TIMELINE_KINDS
     ]
     step_events = [(i, e) for i, e in indexed if e["kind"] == "step"]
     steps = Steps(
