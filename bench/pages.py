@@ -896,7 +896,7 @@ def incident_state(row: dict) -> tuple[str, float | None]:
         return "recovered", None
     if old and row["resolve_after"] is not None:  # the job went away: closed by a person
         return "resolved", row["detected_at"] + row["resolve_after"]
-    return ("mitigating" if row["resumed_at"] is not None else "open"), None
+    return "open", None
 
 
 def seed_incidents(p: Plan) -> None:
@@ -1009,23 +1009,14 @@ def timeline(row: dict, state: str, resolved: float | None) -> list[dict]:
         "rebound",
         f"Opened: {row['summary']} ({row['cause']}, {row['severity']})",
     )
-    if row["resumed_at"] is not None:
-        add(
-            "state_change",
-            row["resumed_at"],
-            "rebound",
-            "rebound",
-            f"open → mitigating: launch {row['attempt'] + 1} stepped",
-            {"from": "open", "to": "mitigating"},
-        )
     if row["recovered_at"] is not None:
         add(
             "state_change",
             row["recovered_at"],
             "rebound",
             "rebound",
-            "mitigating → recovered: training passed the highest step reached before the fault",
-            {"from": "mitigating", "to": "recovered"},
+            "open → recovered: training passed the highest step reached before the fault",
+            {"from": "open", "to": "recovered"},
         )
     if resolved is not None:
         if row["noted"]:

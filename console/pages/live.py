@@ -25,9 +25,7 @@ def badges() -> dict:
     """The counts every page's header shows."""
     return {
         "approvals": Action.objects.filter(state=Action.State.AWAITING_APPROVAL).count(),
-        "incidents": Incident.objects.filter(
-            state__in=(Incident.State.OPEN, Incident.State.MITIGATING)
-        ).count(),
+        "incidents": Incident.objects.filter(state__in=Incident.OPEN_STATES).count(),
     }
 
 

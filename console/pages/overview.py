@@ -178,7 +178,7 @@ def running_jobs() -> tuple[list[dict], int]:
 
 @viewer_page
 def page(request):
-    open_states = (Incident.State.OPEN, Incident.State.MITIGATING)
+    open_states = Incident.OPEN_STATES
     incidents = incident_list().filter(state__in=open_states)
     waiting = action_list(state=Action.State.AWAITING_APPROVAL)
     job_rows, jobs_total = running_jobs()

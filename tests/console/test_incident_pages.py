@@ -66,7 +66,7 @@ def world(personas):
             fault_at=datetime(2026, 1, 20, 8, tzinfo=UTC),
             cause="memory",
             fault_type="ecc",
-            state="mitigating",
+            state="recovered",
         ),
     }
     return {"clusters": (east, west), "nodes": nodes, "jobs": (llm, vit), "incidents": i}

@@ -235,7 +235,7 @@ def test_open_incidents_newest_first_and_approvals(client, personas):
     node = Node.objects.create(cluster=c, name="n01")
     now = timezone.now()
     old = make_incident(job, fault_at=now - timedelta(hours=2))
-    new = make_incident(job, fault_at=now - timedelta(minutes=5), state=Incident.State.MITIGATING)
+    new = make_incident(job, fault_at=now - timedelta(minutes=5), state=Incident.State.OPEN)
     closed = make_incident(job, fault_at=now, state=Incident.State.RESOLVED)
     waiting = Action.objects.create(
         kind=Action.Kind.CORDON_NODE,
