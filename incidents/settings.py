@@ -1,8 +1,8 @@
 """Detector parameters: the defaults, overridden per cluster and per job at run time.
 
 A job's own DetectorSetting wins over its cluster's, which wins over the
-default here (`settings_resolve`, the one place that says so). Values are read
-once per detection pass, so a change made through `detector_settings_update`
+default here (`detector_settings_resolve`, the one place that says so). Values
+are read once per detection pass, so a change made through `detector_settings_update`
 takes effect at the next pass, without a restart.
 """
 
@@ -120,7 +120,9 @@ class Resolved:
         return self.default if self.in_force is None else self.in_force.value
 
 
-def settings_resolve(*, cluster_id: int | None, job: TrainingJob | None = None) -> list[Resolved]:
+def detector_settings_resolve(
+    *, cluster_id: int | None, job: TrainingJob | None = None
+) -> list[Resolved]:
     """Every parameter, in DEFAULTS order, resolved default -> cluster -> job."""
     scope = Q(cluster_id=cluster_id, job=None)
     if job is not None:
@@ -137,7 +139,7 @@ def settings_resolve(*, cluster_id: int | None, job: TrainingJob | None = None) 
 def detector_settings(job: TrainingJob | None, *, cluster_id: int | None = None) -> dict:
     """All parameters in force for `job` (or, without one, for the cluster)."""
     cluster_id = job.cluster_id if job is not None else cluster_id
-    return {r.name: r.value for r in settings_resolve(cluster_id=cluster_id, job=job)}
+    return {r.name: r.value for r in detector_settings_resolve(cluster_id=cluster_id, job=job)}
 
 
 # --- the API's read and write ---------------------------------------------------
@@ -186,12 +188,12 @@ def _scope_rows(cluster: Cluster, job: TrainingJob | None):
 
 def detector_settings_table(*, cluster: Cluster, job: TrainingJob | None = None) -> list[dict]:
     """Every parameter, in DEFAULTS order, with its default, the cluster's and the
-    job's override and the value in force (as `settings_resolve` decides it), and
+    job's override and the value in force (as `detector_settings_resolve` decides it), and
     who set the override in force, when."""
     if job is not None and job.cluster_id != cluster.pk:
         raise ValueError(f"job {job.key} is not on cluster {cluster.name}")
     table = []
-    for r in settings_resolve(cluster_id=cluster.pk, job=job):
+    for r in detector_settings_resolve(cluster_id=cluster.pk, job=job):
         in_force = r.in_force
         table.append(
             {

@@ -143,8 +143,8 @@ def _chunk(state: EngineState, ws: WindowsState, number: int, columns, cfg) -> N
                 step_s=window_step_s,
                 steps=steps,
                 ranks=sorted(int(r) for r in ranks[w][on & slow_rank[w]]),
-                peer=float(np.nanmin(peer[w][on])),
-                own=float(np.nanmin(own[w][on])),
+                peer=float(peer[w][on].min()),
+                own=float(own[w][on].min()),
             )
             run = runs.setdefault(nid, SlowRun())
             name = names.get(nid, f"node-{nid}")
