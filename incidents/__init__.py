@@ -1,0 +1,1 @@
+"""The incidents app: detectors, incidents and their timelines, reliability statistics."""

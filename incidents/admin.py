@@ -1,3 +1,5 @@
+"""The Django admin of incidents, their timelines, detector settings and detector state."""
+
 from django.contrib import admin
 
 from incidents.models import DetectorSetting, DetectorState, Incident, TimelineEntry

@@ -1,3 +1,5 @@
+"""The incidents app's config: it connects the receivers of the jobs app's signals."""
+
 from django.apps import AppConfig
 
 

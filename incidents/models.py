@@ -21,12 +21,11 @@ class Incident(models.Model):
 
     class State(models.TextChoices):
         OPEN = "open"
-        MITIGATING = "mitigating"
         RECOVERED = "recovered"
         RESOLVED = "resolved"
 
     # The states of an incident still being worked on.
-    OPEN_STATES = (State.OPEN, State.MITIGATING)
+    OPEN_STATES = (State.OPEN,)
 
     class Severity(models.TextChoices):
         CRITICAL = "critical"
@@ -174,7 +173,7 @@ class DetectorSetting(models.Model):
 
 class DetectorState(models.Model):
     """What the detectors have read of a job so far and what they carry forward
-    (see incidents.watch), so that a pass reads only what was stored since."""
+    (see incidents.detectors.engine), so that a pass reads only what was stored since."""
 
     job = models.OneToOneField(
         TrainingJob, on_delete=models.CASCADE, primary_key=True, related_name="detector_state"

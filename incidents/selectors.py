@@ -1,13 +1,16 @@
-"""Reads of the incidents app."""
+"""Reads of the incidents app: incident lists and details, reliability figures (MTBF,
+causes, repeat offenders, goodput by week), the nodes' incident counts, and the
+ranks of a job's latest window as the straggler detector scores them."""
 
 import math
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
-from statistics import median
 
+import numpy as np
 from django.db.models import Count, Exists, Min, OuterRef, Prefetch, Q, QuerySet, Sum
 from django.utils import timezone
 
+from incidents.detectors.ranks import rank_scores
 from incidents.models import Incident, TimelineEntry
 from jobs.models import Attempt, Node, RankWindow, TrainingJob
 
@@ -173,16 +176,14 @@ def node_list(*, cluster: str | None = None, state: str | None = None, now=None)
     return qs.order_by("cluster__name", "name")
 
 
-SLOW_SCORE = 0.75  # below this a rank is slow (NVIDIA's resiliency extension's threshold)
-
-
 def job_rank_scores(*, job) -> dict:
     """The latest complete window of the job's current launch, scored per rank.
 
-    `peer_score` = the median of all ranks' compute time in the window / this
-    rank's; `self_score` = this rank's best compute time in the launch / this
-    one's, relative to the median rank's (so a uniform slowdown scores 1).
-    Below 0.75 is slow. Reads O(ranks x windows of the launch), not the job.
+    `peer_score` and `self_score` (own) as incidents.detectors.ranks scores them
+    (the straggler detector's rule): the window's median compute time / this
+    rank's, and this rank's best in the launch / this one's relative to the
+    median rank's (so a uniform slowdown scores 1). Reads O(ranks x windows of
+    the launch), not the job.
     """
     attempt = job.attempts.exclude(started_at=None).order_by("-number").first()
     if attempt is None:
@@ -203,25 +204,23 @@ def job_rank_scores(*, job) -> dict:
         windows.filter(first_step=latest["first_step"]).select_related("node").order_by("rank")
     )
     best = dict(windows.values("rank").annotate(best=Min("compute_s")).values_list("rank", "best"))
-    mid = median(r.compute_s for r in rows)
-    degradation = {r.rank: (best[r.rank] / r.compute_s if r.compute_s else 1.0) for r in rows}
-    mid_degradation = median(degradation.values()) or 1.0
-    ranks = []
-    for r in rows:
-        peer = mid / r.compute_s if r.compute_s else 1.0
-        own = degradation[r.rank] / mid_degradation
-        ranks.append(
-            {
-                "rank": r.rank,
-                "node": r.node.name if r.node else None,
-                "compute_s": r.compute_s,
-                "step_s": r.step_s,
-                "comm_wait_s": r.comm_wait_s,
-                "peer_score": peer,
-                "self_score": own,
-                "slow": peer < SLOW_SCORE or own < SLOW_SCORE,
-            }
-        )
+    peer, own, slow = rank_scores(
+        np.array([[r.compute_s for r in rows]], dtype=np.float64),
+        np.array([[best[r.rank] for r in rows]], dtype=np.float64),
+    )
+    ranks = [
+        {
+            "rank": r.rank,
+            "node": r.node.name if r.node else None,
+            "compute_s": r.compute_s,
+            "step_s": r.step_s,
+            "comm_wait_s": r.comm_wait_s,
+            "peer_score": float(peer[0, i]),
+            "self_score": float(own[0, i]),
+            "slow": bool(slow[0, i]),
+        }
+        for i, r in enumerate(rows)
+    ]
     return {
         "job": job.key,
         "attempt": attempt.number,

@@ -1,14 +1,13 @@
-"""Writes of the incidents app: open incidents from what jobs report, keep their figures.
+"""Writes of the incidents app: open and update incidents from what the detectors
+find (incidents.detectors), keep their timelines and figures, the wall-clock
+sweep, and what people do to an incident (resolve, notes).
 
-Detection works on the job's own clock and re-derives each episode from all
-the events stored so far, so a trace posted late, twice or shuffled gives the
-same incidents: an incident is unique on (job, detector, episode) and every
-pass updates it to what the events now say.
+An incident is unique on (job, detector, episode) and every pass updates it to
+what the events now say, so a trace posted late, twice or shuffled gives the
+same incidents.
 
-Faults of a launch are one episode: the earliest fault that is not a symptom
-(an NCCL timeout on other ranks) initiates it; the other faults and the
-launch's end attach to it as signals. A launch that ends failed or killed with
-no fault reported is an episode of its own, until a fault for it arrives.
+(Just over 500 lines: one incident's writes from opening to resolving, kept in one
+place; what is only read or computed lives in incidents.detectors and .figures.)
 """
 
 from __future__ import annotations
@@ -18,381 +17,21 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-import numpy as np
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from common.time import dt
-from common.vocabulary import FAULT_CAUSES
-from incidents import signals
+from incidents import figures, signals
+from incidents.detectors import episodes, job_findings
+from incidents.detectors.base import Finding, Signal, signal_where
+from incidents.detectors.engine import watch_job
 from incidents.models import DetectorState, Incident, SweepState, TimelineEntry
 from incidents.settings import detector_settings
-from incidents.watch import Signal, Watch, steps_between, watch_job
-from incidents.xid import APPLICATION, HARDWARE, xid_class
 from jobs.accounting import compute_ledger, load_lifecycle, load_steps
-from jobs.models import Checkpoint, Cluster, Event, Node, TrainingJob
+from jobs.models import Cluster, Node, TrainingJob
 from jobs.services import node_mark_suspect
 
 logger = logging.getLogger(__name__)
-
-LAUNCH_FAULT = "launch_fault"
-SYMPTOM_TYPES = frozenset({"nccl_timeout"})
-FAILED_ENDS = frozenset({"failed", "killed"})
-
-C = Incident.Cause
-S = Incident.Severity
-
-
-def fault_cause(fault_type: str, xid: int | None) -> tuple[str, str]:
-    """The cause and severity a fault report points to; an Xid's class decides when present."""
-    if xid is not None or fault_type == "gpu_xid":
-        klass = xid_class(xid)
-        if klass == HARDWARE:
-            return C.GPU, S.CRITICAL
-        if klass == APPLICATION:
-            return C.SOFTWARE, S.MAJOR
-        if fault_type == "gpu_xid":
-            return C.UNKNOWN, S.MAJOR
-    return FAULT_CAUSES.get(fault_type, (C.UNKNOWN, S.MAJOR))
-
-
-@dataclass
-class Episode:
-    attempt: int
-    signals: list[Signal] = field(default_factory=list)
-    index: int = 0  # the launch's first episode is 0; one after training went on, 1, ...
-
-    @property
-    def key(self) -> str:
-        return f"launch-{self.attempt}" + (f"-{self.index}" if self.index else "")
-
-    @property
-    def initiating(self) -> Signal | None:
-        faults = sorted((s for s in self.signals if s.kind == "fault"), key=lambda s: s.ts)
-        causes = [s for s in faults if s.data.get("type") not in SYMPTOM_TYPES]
-        return (causes or faults or [None])[0]
-
-    @property
-    def failed_end(self) -> Signal | None:
-        """The launch's end, when it failed or was killed unasked (an end someone
-        requested, such as a recovery action's relaunch, is no fault)."""
-        ends = [s for s in self.signals if s.kind == "attempt_ended"]
-        failed = (s for s in ends if s.data.get("reason") in FAILED_ENDS)
-        return next((s for s in failed if not s.data.get("requested_by")), None)
-
-
-def _launch_at(starts: list[tuple[float, int]], ts: float) -> int | None:
-    """The launch running at `ts`: the latest one started by then."""
-    number = None
-    for start, n in starts:
-        if start <= ts:
-            number = n
-    return number
-
-
-def find_episodes(job: TrainingJob, *, watch: Watch | None = None) -> list[Episode]:
-    """The job's fault episodes, launch by launch.
-
-    A launch's signals belong to one episode, started by its earliest fault
-    that is not a symptom, unless training went on after it: a new fault after
-    `episode.progress_steps` more steps of that launch starts a new episode.
-    `watch` adds what detectors inferred from steps, windows and heartbeats
-    (hangs, loss trouble, dead nodes) and lets progress be judged. Without it,
-    a launch is one episode (the quick pass only opens the first).
-    """
-    rows = (
-        Event.objects.filter(job=job, kind__in=("fault", "attempt_ended", "attempt_started"))
-        .order_by("ts", "id")
-        .values_list("client_id", "kind", "ts", "attempt", "node", "rank", "data")
-    )
-    starts: list[tuple[float, int]] = []
-    signals_: list[Signal] = []
-    for row in rows:
-        s = Signal(*row)
-        if s.kind == "attempt_started":
-            starts.append((s.ts, s.attempt))
-        else:
-            signals_.append(s)
-    starts.sort()
-    if watch is not None:
-        signals_ += watch.hangs + watch.losses + watch.dead_nodes
-    by_launch: dict[int, list[Signal]] = {}
-    for s in signals_:
-        attempt = s.attempt if s.attempt is not None else _launch_at(starts, s.ts)
-        if attempt is None:
-            continue  # a node's fault while none of this job's launches ran
-        by_launch.setdefault(attempt, []).append(s)
-    progress_steps = int(detector_settings(job)["episode.progress_steps"])
-    episodes: list[Episode] = []
-    for attempt, launch_signals in sorted(by_launch.items()):
-        current = Episode(attempt)
-        episodes.append(current)
-        for s in sorted(launch_signals, key=lambda s: s.ts):
-            first = current.initiating
-            starts_anew = (
-                watch is not None
-                and first is not None
-                and s.kind == "fault"
-                and s.data.get("type") not in SYMPTOM_TYPES
-                and s.data.get("type") != first.data.get("type")  # the same trouble again
-                and steps_between(job, attempt, first.ts, s.ts, progress_steps) >= progress_steps
-            )
-            if starts_anew:
-                current = Episode(attempt, index=current.index + 1)
-                episodes.append(current)
-            current.signals.append(s)
-    return [e for e in episodes if e.initiating is not None or e.failed_end is not None]
-
-
-def _episode_fields(episode: Episode) -> dict:
-    first = episode.initiating
-    if first is not None:
-        fault_type = first.data.get("type", "other")
-        xid = first.data.get("xid")
-        cause, severity = fault_cause(fault_type, xid)
-        where = f" on {first.node}" if first.node else ""
-        rank = f" rank {first.rank}" if first.rank is not None else ""
-        summary = f"{fault_type}{f' (Xid {xid})' if xid is not None else ''}{where}{rank}"
-        if "silent_s" in first.data:
-            summary += f": no heartbeat for {first.data['silent_s']:.0f} s"
-        if "no_step_s" in first.data:
-            summary += (
-                f": no step for {first.data['no_step_s']:.0f} s after step"
-                f" {first.data['last_step']} (timeout {first.data['timeout_s']:.0f} s)"
-            )
-        nodes = [first.node] if first.node else []
-        ranks = [first.rank] if first.rank is not None else _ranks_named(episode, first)
-        # The fault began at its earliest sign, though its cause may be reported later
-        # (a launch's supervisor reports the rank that died after tearing the launch
-        # down, its peers' NCCL timeouts come first); it was known at the first of them.
-        faults = [s for s in episode.signals if s.kind == "fault"]
-        fault_ts = min(s.ts for s in faults)
-        detected_ts = min(s.detected_ts if s.detected_ts is not None else s.ts for s in faults)
-    else:
-        first = episode.failed_end
-        fault_type, xid = "crash", None
-        cause, severity = C.UNKNOWN, S.MAJOR
-        summary = (
-            f"launch {episode.attempt} ended {first.data.get('reason')} with no fault reported"
-        )
-        nodes, ranks = [], []
-        fault_ts = detected_ts = first.ts
-    return {
-        "attempt": episode.attempt,
-        "cause": cause,
-        "fault_type": fault_type,
-        "xid": xid,
-        "severity": severity,
-        "summary": summary[:300],
-        "ranks": ranks,
-        "evidence": [s.client_id for s in episode.signals],
-        "fault_at": dt(fault_ts),
-        "detected_at": dt(detected_ts),
-        "_nodes": nodes,
-        "_why": _attribution(episode, first),
-    }
-
-
-def _ranks_named(episode: Episode, first: Signal) -> list[int]:
-    """The ranks a fault that names none (a node's Xid) took down: those its episode's
-    other faults name on the same node, symptoms (a peer's timeout) left out."""
-    return sorted(
-        {
-            s.rank
-            for s in episode.signals
-            if s.kind == "fault"
-            and s.rank is not None
-            and s.data.get("type") not in SYMPTOM_TYPES
-            and (first.node is None or s.node == first.node)
-        }
-    )
-
-
-def _where(s: Signal) -> str:
-    return " ".join(x for x in (s.node, f"rank {s.rank}" if s.rank is not None else "") if x)
-
-
-def _attribution(episode: Episode, first: Signal) -> str:
-    """Why the episode is put down to `first`, in words for its timeline."""
-    if first.kind != "fault":
-        return f"launch {episode.attempt} ended {first.data.get('reason')} with no fault reported"
-    where = f" ({_where(first)})" if _where(first) else ""
-    at = dt(first.ts).strftime("%H:%M:%S.%f")[:-3]
-    what = f"{first.data.get('type')}{where} at {at} UTC"
-    if first.data.get("type") in SYMPTOM_TYPES:
-        return f"{what} is the first fault of launch {episode.attempt}; only symptoms so far"
-    return f"{what} is the first fault of launch {episode.attempt} that is not a symptom"
-
-
-@dataclass
-class Finding:
-    """What a detector found: one episode, as the incident's fields and its signals."""
-
-    detector: str
-    episode: str
-    fields: dict
-    nodes: list[str]
-    signals: list[Signal]
-    why: str = ""  # why this cause, for the timeline when it changes
-
-
-def _launch_findings(job: TrainingJob, watch: Watch | None) -> list[Finding]:
-    findings = []
-    for episode in find_episodes(job, watch=watch):
-        fields = _episode_fields(episode)
-        nodes, why = fields.pop("_nodes"), fields.pop("_why")
-        findings.append(Finding(LAUNCH_FAULT, episode.key, fields, nodes, episode.signals, why))
-    return findings
-
-
-CRASH_LOOP = "crash_loop"
-
-
-@dataclass
-class LaunchRecord:
-    number: int
-    start: float
-    started: Signal
-    end: float | None = None
-    reason: str = ""
-    restored: int = 0  # the checkpoint step it resumed from
-    best_saved: int | None = None  # the highest durable checkpoint it saved
-
-    @property
-    def progressed(self) -> bool:
-        """Completed, or saved a durable checkpoint past the one it started from."""
-        return self.reason == "completed" or (
-            self.best_saved is not None and self.best_saved > self.restored
-        )
-
-
-def _launch_records(job: TrainingJob) -> list[LaunchRecord]:
-    rows = (
-        Event.objects.filter(
-            job=job, kind__in=("attempt_started", "attempt_ended", "checkpoint_loaded")
-        )
-        .order_by("ts", "id")
-        .values_list("client_id", "kind", "ts", "attempt", "node", "rank", "data")
-    )
-    records: dict[int, LaunchRecord] = {}
-    later: list[Signal] = []
-    for row in rows:
-        sig = Signal(*row)
-        if sig.kind == "attempt_started":
-            if sig.attempt not in records:
-                records[sig.attempt] = LaunchRecord(sig.attempt, sig.ts, sig)
-        else:
-            later.append(sig)
-    for sig in later:
-        r = records.get(sig.attempt)
-        if r is None:
-            continue
-        if sig.kind == "attempt_ended" and r.end is None:
-            r.end, r.reason = sig.ts, sig.data.get("reason", "")
-        elif sig.kind == "checkpoint_loaded":
-            r.restored = sig.data["step"]
-    for r in records.values():  # the launch's newest durable checkpoint: an index lookup
-        r.best_saved = (
-            Checkpoint.objects.filter(job=job, attempt=r.number, durable=True)
-            .exclude(saved_at=None)
-            .order_by("-step")
-            .values_list("step", flat=True)
-            .first()
-        )
-    return sorted(records.values(), key=lambda r: (r.start, r.number))
-
-
-def _crash_loop_findings(job: TrainingJob, launch_findings: list[Finding]) -> list[Finding]:
-    """Launches in a storm (N within a window), or N in a row that never advance the
-    checkpoint: restarting will not fix it. One finding per loop; a launch that
-    completes or advances the checkpoint ends the loop."""
-    cfg = detector_settings(job)
-    storm_n, window = int(cfg["crash_loop.launches"]), float(cfg["crash_loop.window_s"])
-    stuck_n = int(cfg["crash_loop.no_progress_launches"])
-    causes = {f.fields["attempt"]: f.fields["cause"] for f in launch_findings}
-    records = _launch_records(job)
-
-    loops: list[tuple[list[LaunchRecord], float, str]] = []
-    current: tuple[list[LaunchRecord], float, str] | None = None
-    stuck = 0
-    for i, r in enumerate(records):
-        if current is not None:
-            if r.progressed:
-                loops.append(current)
-                current, stuck = None, 0
-            else:
-                current[0].append(r)
-            continue
-        recent = [x for x in records[: i + 1] if x.start >= r.start - window]
-        if len(recent) >= storm_n:
-            why = f"{len(recent)} launches within {window / 60:.0f} min"
-            current = (recent, r.start, why)
-        stuck = 0 if r.progressed or r.end is None else stuck + 1
-        if current is None and stuck >= stuck_n:
-            why = f"{stuck} launches in a row ended without advancing the checkpoint"
-            current = (records[i - stuck + 1 : i + 1], r.end, why)
-    if current is not None:
-        loops.append(current)
-
-    findings = []
-    for members, detected, why in loops:
-        first = members[0]
-        member_causes = [causes[m.number] for m in members if m.number in causes]
-        cause = max(set(member_causes), key=member_causes.count) if member_causes else C.UNKNOWN
-        fields = {
-            "attempt": None,
-            "cause": cause,
-            "fault_type": "crash_loop",
-            "xid": None,
-            "severity": S.CRITICAL,
-            "summary": f"crash loop from launch {first.number}: {why}"[:300],
-            "ranks": [],
-            "evidence": [m.started.client_id for m in members],
-            "fault_at": dt(first.start),
-            "detected_at": dt(detected),
-        }
-        signals_ = [m.started for m in members]
-        why = f"most of the loop's {len(members)} launches failed of {cause}"
-        findings.append(Finding(CRASH_LOOP, f"loop-{first.number}", fields, [], signals_, why))
-    return findings
-
-
-STRAGGLER = "straggler"
-
-
-def _straggler_findings(watch: Watch) -> list[Finding]:
-    findings = []
-    for s in watch.stragglers:
-        scores = {"peer_score": round(s.worst_peer, 3), "own_score": round(s.worst_own, 3)}
-        fields = {
-            "attempt": None,
-            "cause": C.STRAGGLER,
-            "fault_type": "straggler",
-            "xid": None,
-            "severity": S.MAJOR,
-            "summary": (
-                f"straggler {s.node}: ranks {', '.join(map(str, sorted(s.ranks)))} slow for"
-                f" {s.windows} windows from step {s.first_step} (peer score"
-                f" {s.worst_peer:.2f}, own {s.worst_own:.2f})"
-            )[:300],
-            "ranks": sorted(s.ranks),
-            "evidence": s.evidence,
-            "fault_at": dt(s.first_ts),
-            "detected_at": dt(s.detected_ts),
-            "lost_gpu_seconds": s.excess_gpu_s,
-            "lost_breakdown": {"slowdown": s.excess_gpu_s},
-        }
-        signal = Signal(
-            client_id=s.evidence[0],
-            kind="fault",
-            ts=s.first_ts,
-            attempt=None,
-            node=s.node,
-            rank=None,
-            data={"type": "straggler", **scores},
-        )
-        findings.append(Finding(STRAGGLER, f"node-{s.node}", fields, [s.node], [signal]))
-    return findings
 
 
 def incidents_detect(
@@ -407,13 +46,10 @@ def incidents_detect(
     Returns the incidents that were opened or changed by this pass.
     """
     # Read first, outside the job's lock (ingest takes it): the inferred part reads
-    # what was stored since the last pass.
+    # what was stored since the last pass. The settings are read once for the pass.
     cfg = detector_settings(job)
     watch = watch_job(job, cfg, clock=clock) if inferred else None
-    findings = _launch_findings(job, watch)
-    findings += _crash_loop_findings(job, findings)
-    if watch is not None:
-        findings += _straggler_findings(watch)
+    findings = job_findings(job=job, cfg=cfg, watch=watch)
     changed: list[tuple[Incident, str]] = []
     failures: list[str] = []
     with transaction.atomic():
@@ -436,7 +72,8 @@ def incidents_detect(
     _record_pass(job, failures)
     named = {n.name for i, _ in changed if i.detector != REPEAT_OFFENDER for n in i.nodes.all()}
     if named:
-        changed += [(i, "") for i in incidents_detect_repeat_offenders(job=job, nodes=named)]
+        repeat = incidents_detect_repeat_offenders(job=job, nodes=named, cfg=cfg)
+        changed += [(i, "") for i in repeat]
     return [i for i, _ in changed]
 
 
@@ -516,12 +153,15 @@ def incidents_detect_pass(
 REPEAT_OFFENDER = "repeat_offender"
 
 
-def incidents_detect_repeat_offenders(*, job: TrainingJob, nodes: set[str]) -> list[Incident]:
+def incidents_detect_repeat_offenders(
+    *, job: TrainingJob, nodes: set[str], cfg: dict | None = None
+) -> list[Incident]:
     """A node named in several incidents of its cluster within a window (default 3 in
     7 days) gets one incident recommending it be taken out of service, opened on
     the job where the last of them happened. After such an incident is resolved,
-    only incidents opened since count towards the next one."""
-    cfg = detector_settings(job)
+    only incidents opened since count towards the next one. `cfg`: the job's detector
+    settings, when the caller's pass has read them."""
+    cfg = cfg if cfg is not None else detector_settings(job)
     count, window_s = int(cfg["repeat_offender.incidents"]), float(cfg["repeat_offender.window_s"])
     opened = []
     for name in sorted(nodes):
@@ -551,7 +191,7 @@ def incidents_detect_repeat_offenders(*, job: TrainingJob, nodes: set[str]) -> l
                         "cluster_id": job.cluster_id,
                         "cause": max(set(causes), key=causes.count),
                         "fault_type": "repeat_offender",
-                        "severity": S.CRITICAL,
+                        "severity": Incident.Severity.CRITICAL,
                         "summary": (
                             f"{name} was in {count} incidents within"
                             f" {window_s / 86400:g} days: take it out of service"
@@ -602,7 +242,7 @@ def _signal_entry(incident: Incident, s: Signal) -> None:
         what = f"launch {s.attempt} ended {s.data.get('reason')}"
     else:
         what = f"launch {s.attempt} started"
-    where = _where(s)
+    where = signal_where(s)
     TimelineEntry.objects.create(
         incident=incident,
         kind=TimelineEntry.Kind.SIGNAL,
@@ -632,7 +272,8 @@ def _attribution_entry(incident: Incident, updates: dict, finding: Finding) -> N
         return f"{v['cause']} ({v['fault_type']}{xid})"
 
     why = finding.why or "the episode's signals now point there"
-    if before["fault_type"] in SYMPTOM_TYPES and after["fault_type"] not in SYMPTOM_TYPES:
+    symptoms = episodes.SYMPTOM_TYPES
+    if before["fault_type"] in symptoms and after["fault_type"] not in symptoms:
         why += f"; {before['fault_type']} is a symptom (a peer failed or hung), not a cause"
     known = set(incident.evidence)
     new = [s.ts for s in finding.signals if s.client_id not in known]
@@ -770,18 +411,15 @@ def incidents_update_figures(*, job: TrainingJob, ledger=None, steps=None) -> li
             k = order.get(incident.attempt)
             if k is None:
                 continue
-            survived = _survived(incident, ledger.launches[k], steps)
+            survived = figures.survived(incident, ledger.launches[k], steps)
             if incident is last_of_launch[incident.attempt] and not survived:
-                updates = _figures(incident, ledger.launches, k, steps)
+                updates = figures.launch_failure_figures(incident, ledger.launches, k, steps)
             else:
-                updates = _in_launch_figures(incident, ledger.launches[k], steps)
+                updates = figures.in_launch_figures(incident, ledger.launches[k], steps)
             updates = {f: v for f, v in updates.items() if getattr(incident, f) != v}
             if not updates:
                 continue
-            recovered_now = "recovered_at" in updates and incident.state in (
-                Incident.State.OPEN,
-                Incident.State.MITIGATING,
-            )
+            recovered_now = "recovered_at" in updates and incident.state in Incident.OPEN_STATES
             for f, v in updates.items():
                 setattr(incident, f, v)
             if recovered_now:
@@ -794,82 +432,14 @@ def incidents_update_figures(*, job: TrainingJob, ledger=None, steps=None) -> li
                 )
                 updates["state"] = incident.state
             incident.save(update_fields=list(updates))
-            signal = signals.incident_recovered if recovered_now else signals.incident_updated
+            # Its figures (and perhaps its state) changed; recovery's receiver does
+            # nothing for an incident no longer open.
             transaction.on_commit(
-                lambda s=signal, i=incident: s.send(sender=Incident, incident=i), robust=True
+                lambda i=incident: signals.incident_updated.send(sender=Incident, incident=i),
+                robust=True,
             )
             changed.append(incident)
     return changed
-
-
-def _figures(incident: Incident, launches, k: int, steps) -> dict:
-    failed = launches[k]
-    nxt = launches[k + 1] if k + 1 < len(launches) else None
-    fault_ts = incident.fault_at.timestamp()
-    later = {launch.number for launch in launches[k + 1 :]}
-
-    resumed_at = recovered_at = None
-    if len(steps.ts) and later:
-        in_later = np.isin(steps.attempt, list(later))
-        if in_later.any():
-            resumed_at = dt(float(steps.ts[in_later].min()))
-            before = steps.ts <= fault_ts
-            highest = int(steps.step[before].max()) if before.any() else -1
-            beyond = in_later & (steps.step > highest)
-            if beyond.any():
-                recovered_at = dt(float(steps.ts[beyond].min()))
-
-    ws = failed.world_size
-    breakdown = {
-        "wasted_progress": failed.categories["wasted_progress"] * ws,
-        "stalled": failed.categories["stalled"] * ws,
-        "downtime": failed.gap_after_s * ws,
-        "startup": (nxt.categories["startup"] * nxt.world_size) if nxt else 0.0,
-        "checkpoint_restore": (nxt.categories["checkpoint_restore"] * nxt.world_size)
-        if nxt
-        else 0.0,
-    }
-    return {
-        "resumed_at": resumed_at,
-        "recovered_at": recovered_at,
-        "lost_breakdown": breakdown,
-        "lost_gpu_seconds": sum(breakdown.values()),
-    }
-
-
-def _survived(incident: Incident, launch, steps) -> bool:
-    """A hang the launch came out of by itself: it completed, or stepped on past it."""
-    if incident.fault_type != "hang":
-        return False
-    fault_ts = incident.fault_at.timestamp()
-    return launch.completed or bool(
-        ((steps.attempt == incident.attempt) & (steps.ts > fault_ts)).any()
-    )
-
-
-def _in_launch_figures(incident: Incident, launch, steps) -> dict:
-    """An episode the launch went on after: it resumed at the launch's next step and
-    recovered at its first step past the highest before the fault. Its time stays
-    inside steps in the ledger (no badput); what a hang the launch survived cost
-    is its stall beyond the launch's usual step interval, x the world size, shown
-    as slowdown (as a straggler's cost is)."""
-    fault_ts = incident.fault_at.timestamp()
-    same = (steps.attempt == incident.attempt) & (steps.ts > fault_ts)
-    before = steps.ts <= fault_ts
-    highest = int(steps.step[before].max()) if before.any() else -1
-    beyond = same & (steps.step > highest)
-    resumed = float(steps.ts[same].min()) if same.any() else None
-    breakdown = {}
-    if incident.fault_type == "hang" and resumed is not None:
-        own = np.sort(steps.ts[steps.attempt == incident.attempt])
-        usual = float(np.median(np.diff(own))) if len(own) > 2 else 0.0
-        breakdown["slowdown"] = max(0.0, resumed - fault_ts - usual) * (launch.world_size or 1)
-    return {
-        "resumed_at": dt(resumed) if resumed is not None else None,
-        "recovered_at": dt(float(steps.ts[beyond].min())) if beyond.any() else None,
-        "lost_breakdown": breakdown,
-        "lost_gpu_seconds": sum(breakdown.values()),
-    }
 
 
 def _change_state(incident: Incident, to: str, *, actor: str, why: str, at=None) -> None:
@@ -897,9 +467,6 @@ def incident_resolve(*, incident: Incident, actor: str, note: str = "") -> Incid
         )
         incident.resolved_at = now
         incident.save(update_fields=["state", "resolved_at"])
-        transaction.on_commit(
-            lambda: signals.incident_resolved.send(sender=Incident, incident=incident), robust=True
-        )
     return incident
 
 

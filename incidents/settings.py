@@ -1,16 +1,21 @@
 """Detector parameters: the defaults, overridden per cluster and per job at run time.
 
 A job's own DetectorSetting wins over its cluster's, which wins over the
-default here. Values are read on every detection pass, so a change made
-through `detector_settings_update` takes effect without a restart.
+default here (`detector_settings_resolve`, the one place that says so). Values
+are read once per detection pass, so a change made through `detector_settings_update`
+takes effect at the next pass, without a restart.
 """
+
+from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 
+from common.errors import Invalid
 from incidents.models import DetectorSetting
 from jobs.models import Cluster, TrainingJob
 
@@ -96,28 +101,59 @@ ZERO_OK = frozenset({"hang.skip_steps", "loss.warmup_steps", "hang.save_allowanc
 MAX_VALUE = 1e9  # far above any sensible count or number of seconds (31 years)
 
 
-def detector_settings(job: TrainingJob | None, *, cluster_id: int | None = None):
-    """All parameters in force for `job` (or, without one, for the cluster)."""
-    values = dict(DEFAULTS)
-    cluster_id = job.cluster_id if job is not None else cluster_id
-    rows = DetectorSetting.objects.filter(cluster_id=cluster_id, job=None).values_list(
-        "name", "value"
-    )
-    values.update({n: v for n, v in rows if n in DEFAULTS})
+@dataclass(frozen=True)
+class Resolved:
+    """One parameter: its default, the cluster's and the job's override (rows, or None)."""
+
+    name: str
+    default: float | int
+    on_cluster: DetectorSetting | None
+    on_job: DetectorSetting | None
+
+    @property
+    def in_force(self) -> DetectorSetting | None:
+        """The override that applies: the job's, else the cluster's."""
+        return self.on_job if self.on_job is not None else self.on_cluster
+
+    @property
+    def value(self) -> float | int:
+        return self.default if self.in_force is None else self.in_force.value
+
+
+def detector_settings_resolve(
+    *, cluster_id: int | None, job: TrainingJob | None = None
+) -> list[Resolved]:
+    """Every parameter, in DEFAULTS order, resolved default -> cluster -> job."""
+    scope = Q(cluster_id=cluster_id, job=None)
     if job is not None:
-        rows = DetectorSetting.objects.filter(job=job).values_list("name", "value")
-        values.update({n: v for n, v in rows if n in DEFAULTS})
-    return values
+        scope |= Q(job=job)
+    on_cluster, on_job = {}, {}
+    for row in DetectorSetting.objects.filter(scope):
+        (on_cluster if row.job_id is None else on_job)[row.name] = row
+    return [
+        Resolved(name, default, on_cluster.get(name), on_job.get(name))
+        for name, default in DEFAULTS.items()
+    ]
+
+
+def detector_settings(job: TrainingJob | None, *, cluster_id: int | None = None) -> dict:
+    """All parameters in force for `job` (or, without one, for the cluster)."""
+    cluster_id = job.cluster_id if job is not None else cluster_id
+    return {r.name: r.value for r in detector_settings_resolve(cluster_id=cluster_id, job=job)}
 
 
 # --- the API's read and write ---------------------------------------------------
 
 
-class InvalidSettings(Exception):
+class InvalidSettings(Invalid):
     """Values that may not be set; `errors` names each: {"name", "reason"}."""
 
-    def __init__(self, errors: list[dict[str, str]]):
-        super().__init__("; ".join(f"{e['name']}: {e['reason']}" for e in errors))
+    code = "invalid_settings"
+
+    def __init__(self, errors: list[dict[str, str]], *, given: int):
+        super().__init__(
+            f"{len(errors)} of {given} values are invalid; nothing was changed.", errors=errors
+        )
         self.errors = errors
 
 
@@ -152,22 +188,21 @@ def _scope_rows(cluster: Cluster, job: TrainingJob | None):
 
 def detector_settings_table(*, cluster: Cluster, job: TrainingJob | None = None) -> list[dict]:
     """Every parameter, in DEFAULTS order, with its default, the cluster's and the
-    job's override and the value in force (as `detector_settings` decides it), and
+    job's override and the value in force (as `detector_settings_resolve` decides it), and
     who set the override in force, when."""
-    cluster_rows = {r.name: r for r in _scope_rows(cluster, None)}
-    job_rows = {r.name: r for r in _scope_rows(cluster, job)} if job is not None else {}
+    if job is not None and job.cluster_id != cluster.pk:
+        raise ValueError(f"job {job.key} is not on cluster {cluster.name}")
     table = []
-    for name, default in DEFAULTS.items():
-        on_cluster, on_job = cluster_rows.get(name), job_rows.get(name)
-        in_force = on_job or on_cluster
+    for r in detector_settings_resolve(cluster_id=cluster.pk, job=job):
+        in_force = r.in_force
         table.append(
             {
-                "name": name,
-                "description": DESCRIPTIONS[name],
-                "default": default,
-                "cluster_value": None if on_cluster is None else on_cluster.value,
-                "job_value": None if on_job is None else on_job.value,
-                "value": default if in_force is None else in_force.value,
+                "name": r.name,
+                "description": DESCRIPTIONS[r.name],
+                "default": r.default,
+                "cluster_value": None if r.on_cluster is None else r.on_cluster.value,
+                "job_value": None if r.on_job is None else r.on_job.value,
+                "value": r.value,
                 "updated_at": None if in_force is None else in_force.updated_at,
                 "updated_by": None if in_force is None else in_force.updated_by,
             }
@@ -197,7 +232,7 @@ def detector_settings_update(
         if reason:
             errors.append({"name": name, "reason": reason})
     if errors:
-        raise InvalidSettings(errors)
+        raise InvalidSettings(errors, given=len(values))
     scope = f"job {job.key}" if job is not None else f"cluster {cluster.name}"
     changes = []
     with transaction.atomic():

@@ -4,9 +4,8 @@ Each is sent after the change is committed, with `sender=Incident` and
 `incident=<Incident>`:
 
 - `incident_opened`: a new incident (one fault episode) was opened;
-- `incident_updated`: its cause, nodes, evidence or figures changed;
-- `incident_recovered`: training regained the progress lost to it;
-- `incident_resolved`: a person (or a policy) closed it.
+- `incident_updated`: its cause, nodes, evidence or figures changed (its
+  recovery included: the receiver sees its state).
 
 `incidents` never imports `recovery`; recovery subscribes to these.
 """
@@ -15,5 +14,3 @@ from django.dispatch import Signal
 
 incident_opened = Signal()
 incident_updated = Signal()
-incident_recovered = Signal()
-incident_resolved = Signal()

@@ -66,7 +66,7 @@ UNHEALTHY_NODE_STATES = (
     Node.State.DRAINING,
     Node.State.IN_REPAIR,
 )
-OPEN_INCIDENT = (Incident.State.OPEN, Incident.State.MITIGATING)
+OPEN_INCIDENT = Incident.OPEN_STATES
 
 
 @dataclass(frozen=True)

@@ -528,7 +528,7 @@ def cluster_resume(*, cluster: Cluster, actor: str) -> ClusterRecoverySettings:
 
 # --- policies ------------------------------------------------------------------------
 
-OPEN = (Incident.State.OPEN, Incident.State.MITIGATING)
+OPEN = Incident.OPEN_STATES
 FINISHED_JOB = (TrainingJob.Status.COMPLETED, TrainingJob.Status.FAILED)
 
 

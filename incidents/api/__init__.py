@@ -1,0 +1,1 @@
+"""The incidents app's HTTP API (serializers, views, urls)."""

@@ -1,3 +1,5 @@
+"""The incidents API's routes, under /api/v1/."""
+
 from django.urls import path
 
 from incidents.api import views

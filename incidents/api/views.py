@@ -11,17 +11,13 @@ from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from common.errors import Invalid, NotFound
+from common.params import choice_param, time_param
 from common.time import dt
-from console.exceptions import ApiError
 from incidents import selectors, services
 from incidents.api import serializers as s
 from incidents.models import Incident
-from incidents.settings import (
-    InvalidSettings,
-    detector_settings_table,
-    detector_settings_update,
-)
-from jobs.api.params import choice_param, time_param
+from incidents.settings import detector_settings_table, detector_settings_update
 from jobs.api.serializers import TIME_SCHEMA
 from jobs.models import Cluster, Node, TrainingJob
 
@@ -115,7 +111,7 @@ class ReliabilityView(APIView):
         end = _when(request, "end") or timezone.now()
         start = _when(request, "start") or end - timedelta(days=RELIABILITY_DEFAULT_DAYS)
         if end <= start:
-            raise ApiError(400, "invalid_parameter", "end must be after start.", field="end")
+            raise Invalid("end must be after start.", code="invalid_parameter", field="end")
         figures = selectors.reliability(
             cluster=request.query_params.get("cluster") or None, start=start, end=end
         )
@@ -154,20 +150,19 @@ def _settings_scope(cluster_name: str | None, job_key: str | None):
     """The cluster and (optional) job named: 404 for an unknown one, 400 for a job
     of another cluster."""
     if not cluster_name:
-        raise ApiError(400, "invalid_parameter", "cluster is required.", field="cluster")
+        raise Invalid("cluster is required.", code="invalid_parameter", field="cluster")
     cluster = Cluster.objects.filter(name=cluster_name).first()
     if cluster is None:
-        raise ApiError(404, "not_found", f"No such cluster: {cluster_name}.", field="cluster")
+        raise NotFound(f"No such cluster: {cluster_name}.", field="cluster")
     if not job_key:
         return cluster, None
     job = TrainingJob.objects.select_related("cluster").filter(key=job_key).first()
     if job is None:
-        raise ApiError(404, "not_found", f"No such job: {job_key}.", field="job")
+        raise NotFound(f"No such job: {job_key}.", field="job")
     if job.cluster_id != cluster.pk:
-        raise ApiError(
-            400,
-            "invalid_parameter",
+        raise Invalid(
             f"Job {job_key} runs on cluster {job.cluster.name}, not {cluster_name}.",
+            code="invalid_parameter",
             field="job",
         )
     return cluster, job
@@ -217,16 +212,8 @@ class DetectorSettingsView(APIView):
         form.is_valid(raise_exception=True)
         data = form.validated_data
         cluster, job = _settings_scope(data["cluster"], data.get("job"))
-        try:
-            detector_settings_update(
-                cluster=cluster, job=job, values=data["values"], actor=_actor(request)
-            )
-        except InvalidSettings as exc:
-            raise ApiError(
-                400,
-                "invalid_settings",
-                f"{len(exc.errors)} of {len(data['values'])} values are invalid;"
-                " nothing was changed.",
-                errors=exc.errors,
-            ) from exc
+        # Invalid values raise InvalidSettings: a 400 naming each (common.api).
+        detector_settings_update(
+            cluster=cluster, job=job, values=data["values"], actor=_actor(request)
+        )
         return _settings_response(cluster, job)

@@ -14,9 +14,9 @@ from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from common.params import choice_param, id_param
 from console.exceptions import ApiError
 from incidents.models import Incident
-from jobs.api.params import choice_param, id_param
 from jobs.models import Cluster, Node, TrainingJob
 from recovery import selectors, services
 from recovery.api import serializers as s

@@ -7,9 +7,9 @@ import random
 import pytest
 
 from incidents import services
+from incidents.detectors.engine import watch_job
 from incidents.models import DetectorSetting, Incident
 from incidents.settings import detector_settings
-from incidents.watch import watch_job
 from jobs.models import TrainingJob
 
 pytestmark = pytest.mark.django_db

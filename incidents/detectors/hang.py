@@ -1,0 +1,166 @@
+"""The hang detector: a launch that stopped making steps for longer than it should.
+
+timeout = max(floor, factor x the longest step interval learned so far), where
+the longest interval is this launch's own so far (its first steps skipped:
+warm-up is slow) or, when larger, the smoothed longest of earlier launches; a
+gap with a checkpoint save started in it gets an allowance more. An interval
+found to be a hang is not learned from. A running launch's open tail runs to
+the job's latest event.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from incidents.detectors.base import Signal, by_launch, launch_stop
+from incidents.detectors.state import EngineState, Hang, Rebuild, StepsState, Verdict
+from jobs.accounting import Launch
+from jobs.models import Node
+
+
+def advance(job, state: EngineState, launches, finished, steps, cfg) -> list[Signal]:
+    """Per launch: the steps read so far, the longest interval learned, its hang if any."""
+    attempt, number, ts, seq = steps[0], steps[1], steps[2], steps[3]
+    new = dict(by_launch(attempt))
+    smoothed = 0.0
+    alpha = cfg["hang.smoothing"]
+    found = []
+    for k, launch in enumerate(launches):
+        ls = state.launch(launch.number, launch.start)
+        s = ls.steps
+        if s is None:
+            s = ls.steps = StepsState(smoothed_in=smoothed)
+        elif s.n and not math.isclose(s.smoothed_in, smoothed, rel_tol=1e-9, abs_tol=1e-9):
+            raise Rebuild  # an earlier launch's intervals changed after this one was read
+        s.smoothed_in = smoothed
+        rows = new.get(launch.number)
+        stop = launch_stop(job, launches, k, finished)
+        if s.closed is not None:  # judged to its end already
+            if rows is not None or s.closed.stop != stop:
+                raise Rebuild  # its steps or its end moved after it was closed
+            hang, learned = s.closed.hang, s.closed.learned
+        else:
+            if rows is not None:
+                o = rows[np.lexsort((seq[rows], ts[rows]))]
+                if s.n and ts[o[0]] < s.last_ts:
+                    raise Rebuild  # a step landed behind the ones read
+                ls.started = True
+                _chunk(s, launch, ts[o], number[o], cfg)
+            hang, learned = _tail(s, launch, stop, cfg)
+            # Once a later launch trains, this one's end is settled: keep its verdict.
+            if any(x.number in new or _trained(state, x) for x in launches[k + 1 :]):
+                s.closed = Verdict(stop, hang, learned)
+        if hang is not None:
+            found.append(_signal(job, launch.number, hang))
+        smoothed = learned if smoothed == 0 else alpha * learned + (1 - alpha) * smoothed
+    return found
+
+
+def _trained(state: EngineState, launch: Launch) -> bool:
+    ls = state.launches.get(launch.number)
+    return bool(ls is not None and ls.steps is not None and ls.steps.n)
+
+
+def _timeouts(idx, learned_before, smoothed, begins, ends, launch, cfg):
+    baseline = np.maximum(learned_before, smoothed)
+    timeouts = np.where(
+        (baseline > 0) | (idx >= cfg["hang.skip_steps"]),
+        np.maximum(cfg["hang.floor_s"], cfg["hang.factor"] * baseline),
+        max(cfg["hang.floor_s"], cfg["hang.warmup_timeout_s"]),  # compiling takes minutes
+    )
+    save_starts = np.array(
+        sorted(v["started"] for v in launch.saves.values() if v.get("started") is not None)
+    )
+    if len(save_starts):  # a save started inside the interval: allow for it
+        inside = np.searchsorted(save_starts, ends, "left") > np.searchsorted(
+            save_starts, begins, "left"
+        )
+        timeouts = timeouts + np.where(inside, cfg["hang.save_allowance_s"], 0.0)
+    return timeouts
+
+
+def _chunk(s: StepsState, launch: Launch, ts: np.ndarray, numbers: np.ndarray, cfg) -> None:
+    """Judge the intervals the new steps close."""
+    n0 = s.n
+    if n0:
+        begins = np.concatenate(([s.last_ts], ts[:-1]))
+        begin_steps = np.concatenate(([s.last_step], numbers[:-1]))
+        idx = np.arange(n0 - 1, n0 - 1 + len(ts))
+    else:
+        begins, begin_steps, idx = ts[:-1], numbers[:-1], np.arange(len(ts) - 1)
+    ends = ts[len(ts) - len(begins) :]
+    s.n = n0 + len(ts)
+    s.last_ts, s.last_step = float(ts[-1]), int(numbers[-1])
+    if s.hang is not None or not len(begins):
+        return  # a launch's first hang is its finding; nothing is learned after it
+    gaps = ends - begins
+    learnable = np.where(idx >= cfg["hang.skip_steps"], gaps, 0.0)
+    learned_before = np.maximum(
+        s.learned, np.concatenate(([0.0], np.maximum.accumulate(learnable)[:-1]))
+    )
+    timeouts = _timeouts(idx, learned_before, s.smoothed_in, begins, ends, launch, cfg)
+    over = np.flatnonzero(gaps > timeouts)
+    if len(over):
+        i = int(over[0])
+        s.hang = Hang(
+            begin=float(begins[i]),
+            step=int(begin_steps[i]),
+            timeout=float(timeouts[i]),
+            gap=float(gaps[i]),
+        )
+        s.learned = float(learned_before[i])
+    else:
+        s.learned = max(s.learned, float(learnable.max()))
+
+
+def _tail(s: StepsState, launch: Launch, stop: float | None, cfg) -> tuple[Hang | None, float]:
+    """The launch's hang (one read before, or its open tail's), and what it learned."""
+    if s.hang is not None:
+        return s.hang, s.learned
+    if stop is None or launch.completed or not s.n:
+        return None, s.learned
+    idx = np.array([s.n - 1])
+    begins, ends = np.array([s.last_ts]), np.array([stop])
+    gap = stop - s.last_ts
+    timeout = float(
+        _timeouts(idx, np.array([s.learned]), s.smoothed_in, begins, ends, launch, cfg)[0]
+    )
+    if gap > timeout:
+        return Hang(begin=s.last_ts, step=s.last_step, timeout=timeout, gap=gap), s.learned
+    learnable = gap if idx[0] >= cfg["hang.skip_steps"] else 0.0
+    return None, max(s.learned, learnable)
+
+
+def _signal(job, attempt: int, hang: Hang) -> Signal:
+    detected = hang.begin + hang.timeout
+    return Signal(
+        client_id=f"inferred:hang:{attempt}:{hang.step}",
+        kind="fault",
+        ts=hang.begin,
+        attempt=attempt,
+        node=_culprit(job, attempt, detected) or "",
+        rank=None,
+        data={
+            "type": "hang",
+            "last_step": hang.step,
+            "no_step_s": hang.gap,
+            "timeout_s": hang.timeout,
+        },
+        detected_ts=detected,
+    )
+
+
+def _culprit(job, attempt: int, detected_ts: float) -> str | None:
+    """The one node of the launch that fell silent before the hang was detected
+    while the others kept sending heartbeats, if there is exactly one."""
+    nodes = list(
+        Node.objects.filter(attempts__job=job, attempts__number=attempt)
+        .exclude(last_heartbeat_at=None)
+        .values_list("name", "last_heartbeat_at")
+    )
+    silent = [name for name, last in nodes if last.timestamp() < detected_ts]
+    if len(silent) == 1 and len(nodes) > 1:
+        return silent[0]
+    return None
