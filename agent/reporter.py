@@ -1,5 +1,9 @@
 """The reporter: what a training process imports to send wire-format v1 events.
 
+Long module: the reporter's queue, shedding and sender thread are one
+state machine over one lock; the spill file (agent.spill) and the HTTP transport
+(agent.transport) live apart.
+
 It owns one background thread per `Reporter` that batches events to
 `POST /api/v1/ingest`, and a local spill file that keeps lifecycle events
 through a console outage and across a process restart. Standard library only,

@@ -1,5 +1,8 @@
 """The agent: its cost on a training step, and a rank's death to detection and to recovery.
 
+Long module: one benchmark read top to bottom (the A/B pairs of training
+runs, the kill-to-recovery runs, their report), like its siblings in bench/.
+
     .venv/bin/python bench/agent.py [--pairs 5] [--steps 300] [--runs 10] [--workers 2]
         [--console-nice 19] [--keep] [--database-url postgres://...]
         [--redis-url redis://127.0.0.1:6379/0]

@@ -1,5 +1,8 @@
 """Ingest throughput: events/s through the real API, against COPY writing the same rows.
 
+Long module: one benchmark read top to bottom (set-up, the clients, the
+worker, the COPY baseline, the report), like its siblings in bench/.
+
     .venv/bin/python bench/ingest.py [--events-per-batch 1000] [--batches 400]
         [--clients 4] [--workers 2] [--max-seconds 45] [--database-url postgres://...]
         [--worker [--redis-url redis://...]]

@@ -6,7 +6,7 @@ An incident is unique on (job, detector, episode) and every pass updates it to
 what the events now say, so a trace posted late, twice or shuffled gives the
 same incidents.
 
-(Just over 500 lines: one incident's writes from opening to resolving, kept in one
+(Long module: just over 500 lines, one incident's writes from opening to resolving, kept in one
 place; what is only read or computed lives in incidents.detectors and .figures.)
 """
 

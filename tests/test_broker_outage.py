@@ -15,6 +15,7 @@ import time
 import pytest
 import requests
 
+from common.models import OutboxEntry
 from common.outbox import RESEND_S
 from console.services import token_issue
 from incidents.models import Incident
@@ -87,7 +88,12 @@ def stack(tmp_path, redis_server):
     assert worker.returncode == 0, worker.output[-3000:]  # a warm shutdown, at the end
 
 
-T0 = time.time() - 600
+@pytest.fixture
+def t0():
+    """When the test's first launch began: two minutes back, taken when the test starts
+    (a time taken at import would age through a long run until the launch's warm-up
+    outlasts hang.warmup_timeout_s and a hang incident takes the crash's place)."""
+    return time.time() - 120
 
 
 def launch(job, attempt, ts):
@@ -129,41 +135,51 @@ def wait_for(predicate, timeout, worker):
     return predicate()
 
 
+def what_happened(job, log) -> str:
+    """What a failure shows: the job's incidents and events, the work the outbox still
+    holds, and the worker's log."""
+    incidents = list(Incident.objects.filter(job__key=job).values("fault_type", "state"))
+    kinds = list(Event.objects.filter(job__key=job).values_list("kind", flat=True))
+    held = list(OutboxEntry.objects.values("task", "key", "due_at", "retry_at"))
+    return f"incidents {incidents}\nevents {kinds}\noutbox {held}\n{log.read_text()[-6000:]}"
+
+
 def crash_incidents(job):
     return Incident.objects.filter(job__key=job, fault_type="crash")
 
 
 @pytest.mark.skip(
-    reason="flaky in full CI runs (2 of the last 3): its failure is not diagnosed yet; the"
-    " worker's survival of Redis restarts under load is held by the three-restarts test"
+    reason="flaky in full CI runs (2 of 3), never alone nor with its file under load (7 of 7):"
+    " its failure is not diagnosed yet; the three-restarts test holds the worker's survival"
 )
-def test_the_worker_outlives_a_redis_kill_and_a_sigterm_restart(stack, redis_server):
+def test_the_worker_outlives_a_redis_kill_and_a_sigterm_restart(stack, redis_server, t0):
     server, worker, token, log = stack
-    post(server, token, launch("k", 1, T0))
+    post(server, token, launch("k", 1, t0))
     for sig in (signal.SIGKILL, signal.SIGTERM):
         redis_server.stop(sig)
         time.sleep(2)
         redis_server.start()
         time.sleep(3)
         assert worker.poll() is None, log.read_text()[-3000:]
-    # ... and it carries on: a crash reported now opens its incident. A task published in
-    # the moment after a restart, before the worker declared its queue again, is dropped
-    # by the Redis transport's routing (the bindings went with the restart); the outbox
-    # sends it again after RESEND_S, so that is the bound here.
-    post(server, token, crash("k", 1, T0 + 30))
+    # ... and it carries on: a crash reported now opens its incident. A task sent in the
+    # moment around a restart can go with the broker's data; the outbox sends it again
+    # after RESEND_S, so that is the bound here.
+    post(server, token, crash("k", 1, t0 + 30))
     waited = RESEND_S + 20
-    assert wait_for(lambda: crash_incidents("k").exists(), waited, worker), log.read_text()[-3000:]
+    assert wait_for(lambda: crash_incidents("k").exists(), waited, worker), what_happened("k", log)
     assert "Connection to broker lost" in log.read_text()  # it did see both go
 
 
-def test_a_crash_reported_during_an_outage_opens_within_seconds_of_the_return(stack, redis_server):
+def test_a_crash_reported_during_an_outage_opens_within_seconds_of_the_return(
+    stack, redis_server, t0
+):
     server, worker, token, log = stack
-    post(server, token, launch("o", 1, T0))
+    post(server, token, launch("o", 1, t0))
     redis_server.stop(signal.SIGKILL)
     outage_began = time.monotonic()
     time.sleep(5)
     # The broker is away: ingest still answers 202 at once, and stores the batch.
-    assert post(server, token, crash("o", 1, T0 + 30)) < 5
+    assert post(server, token, crash("o", 1, t0 + 30)) < 5
     assert Event.objects.filter(job__key="o", kind="fault").exists()
     time.sleep(max(0.0, 30 - (time.monotonic() - outage_began)))
     assert not crash_incidents("o").exists()
@@ -173,7 +189,7 @@ def test_a_crash_reported_during_an_outage_opens_within_seconds_of_the_return(st
     print(f"incident {time.monotonic() - back:.1f} s after the broker's return")
 
 
-def test_three_redis_restarts_under_load_lose_no_event_and_no_incident(stack, redis_server):
+def test_three_redis_restarts_under_load_lose_no_event_and_no_incident(stack, redis_server, t0):
     server, worker, token, log = stack
     jobs = ["la", "lb"]
     sent = dict.fromkeys(jobs, 0)
@@ -182,7 +198,7 @@ def test_three_redis_restarts_under_load_lose_no_event_and_no_incident(stack, re
     errors = []
 
     def load(job):
-        attempt, step, ts = 1, 0, T0
+        attempt, step, ts = 1, 0, t0
         events = launch(job, attempt, ts)
         try:
             while not stop.is_set():

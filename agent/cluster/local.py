@@ -4,7 +4,7 @@ stopping, fault injection and the node agents' lifecycle; the processes it start
 run agent.cluster.supervisor and agent.cluster.node_agent (through agent.cluster.cli).
 No torch, no Django.
 
-About 540 lines on purpose: one class whose methods are the cluster's whole API
+Long module: about 540 lines on purpose, one class whose methods are the cluster's whole API
 (launch, stop, fault injection, node agents) over one state directory.
 """
 
