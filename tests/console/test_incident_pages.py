@@ -13,7 +13,7 @@ from django.utils import timezone
 from incidents.models import Incident, TimelineEntry
 from jobs.models import Cluster, Node, TrainingJob
 from recovery.models import Action
-from tests.console.factories import incident_row
+from tests.factories import incident_row
 
 pytestmark = pytest.mark.django_db
 

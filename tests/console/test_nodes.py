@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from jobs.models import Attempt, Cluster, Node, TrainingJob
 from recovery.models import Action, ClusterRecoverySettings
-from tests.console.factories import incident_row
+from tests.factories import incident_row
 
 pytestmark = pytest.mark.django_db
 

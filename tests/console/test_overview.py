@@ -27,7 +27,7 @@ from jobs.models import (
 )
 from jobs.selectors import jobs_recent_goodput
 from recovery.models import Action
-from tests.console.factories import incident_row
+from tests.factories import incident_row
 
 pytestmark = pytest.mark.django_db
 

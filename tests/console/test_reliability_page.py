@@ -16,7 +16,7 @@ from incidents.models import Incident
 from jobs.accounting import job_ledger
 from jobs.models import Attempt, Cluster, LedgerSnapshot, Node, TrainingJob
 from jobs.selectors import job_goodput
-from tests.console.factories import incident_row
+from tests.factories import incident_row
 
 pytestmark = pytest.mark.django_db
 

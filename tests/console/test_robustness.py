@@ -15,7 +15,7 @@ from console.services import token_issue
 from incidents.models import Incident
 from jobs.models import Attempt, Cluster, Event, Node, TrainingJob
 from recovery.models import Action
-from tests.console.factories import incident_row
+from tests.factories import incident_row
 
 pytestmark = pytest.mark.django_db
 
