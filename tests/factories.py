@@ -168,7 +168,7 @@ def _action_cluster(o):
 
 
 class ActionFactory(DjangoModelFactory):
-    """A proposed `cordon_node` (of `node`, when given), requested by `someone`."""
+    """A proposed `cordon_node` (of `node`, when given) that `someone` requested."""
 
     class Meta:
         model = Action
@@ -178,7 +178,6 @@ class ActionFactory(DjangoModelFactory):
     job = None
     cluster = factory.LazyAttribute(_action_cluster)
     requested_by = "someone"
-    reason = "test"
 
 
 class ActionAuditFactory(DjangoModelFactory):
@@ -194,7 +193,6 @@ class ActionAuditFactory(DjangoModelFactory):
 class ClusterRecoverySettingsFactory(DjangoModelFactory):
     class Meta:
         model = ClusterRecoverySettings
-        django_get_or_create = ("cluster",)
 
     cluster = factory.SubFactory(ClusterFactory)
 

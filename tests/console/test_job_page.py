@@ -22,6 +22,7 @@ from jobs.accounting import CATEGORIES
 from jobs.models import TrainingJob
 from jobs.services import cluster_get_or_create, events_ingest, job_reopen
 from jobs.wire import validate_events
+from tests.factories import TrainingJobFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -418,7 +419,7 @@ def test_the_rank_heatmap_shows_the_chosen_launch_where_its_straggler_stands_out
 
 
 def test_a_job_with_no_events_yet_has_an_empty_page(viewer):
-    TrainingJob.objects.create(key="new-job", cluster=cluster_get_or_create(name="east"))
+    TrainingJobFactory(key="new-job", cluster=cluster_get_or_create(name="east"))
     r = viewer.get("/jobs/new-job/")
     assert r.status_code == 200
     figs = charts(r.content.decode())
