@@ -1,28 +1,43 @@
-"""Shared fixtures: the personas every endpoint is tested with, and an ingest helper.
+"""Shared fixtures: the personas every endpoint is tested with, and an ingest helper;
+the `noop` recovery driver every test runs with; Hypothesis's profiles.
 
 Personas: admin, operator, viewer (Django users with those roles, each with a
 token acting as them), an outsider (a user with no role), an ingest token for
 cluster `east` and one for cluster `west`.
+
+Hypothesis profiles: "ci" tries the full count of examples, "dev" (the default off
+CI) a sixth of it, for a quick local loop. HYPOTHESIS_PROFILE names one; without it,
+CI being set in the environment chooses "ci". A property test names no count of its
+own, so that the profile decides; one that wants more than the profile's count asks
+for `examples(n)`: n under "ci", the same share of the count of the profile loaded.
 """
 
 import json
+import os
 from pathlib import Path
 
 import pytest
-from django.contrib.auth import get_user_model
+from hypothesis import settings as hypothesis_settings
 from rest_framework.test import APIClient
 
-from console.services import token_issue, user_set_role
+from console.services import token_issue
+from tests.factories import UserFactory
 
 # The live stack of the end-to-end tests: a local cluster reporting to a live server.
 pytest_plugins = ["tests.live"]
 
+CI_EXAMPLES = 150
+hypothesis_settings.register_profile("ci", max_examples=CI_EXAMPLES, print_blob=True)
+hypothesis_settings.register_profile("dev", max_examples=25)
+# Loaded before the test modules are imported: their settings objects copy it then.
+hypothesis_settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
+)
 
-def _user(username, role):
-    user = get_user_model().objects.create_user(username)  # no password: sessions use force_login
-    if role:
-        user_set_role(user=user, role=role)
-    return user
+
+def examples(ci: int) -> int:
+    """`ci` examples under the "ci" profile; as many in proportion under another."""
+    return max(1, round(ci * hypothesis_settings.default.max_examples / CI_EXAMPLES))
 
 
 class Persona:
@@ -48,10 +63,10 @@ class Persona:
 def personas(db):
     out = {}
     for role in ("admin", "operator", "viewer"):
-        user = _user(role, role)
+        user = UserFactory(username=role, role=role)  # no password: sessions use force_login
         _, raw = token_issue(scope=role, username=role)
         out[role] = Persona(role, raw, user)
-    outsider = _user("outsider", None)
+    outsider = UserFactory(username="outsider")
     # A session user with no role: signed in, allowed nothing.
     out["outsider"] = Persona("outsider", None, outsider)
     _, raw = token_issue(scope="ingest", cluster_name="east")
@@ -89,10 +104,17 @@ def sample():
 
 
 @pytest.fixture(autouse=True)
-def recovery_records_only(settings):
+def noop(settings):
     """Recovery acts through the recording `noop` driver unless a test gives a cluster
-    its own: nothing a test opens may touch a local cluster left on this machine."""
+    its own: nothing a test opens may touch a local cluster left on this machine.
+    Yields the driver (tests read `noop.calls`, queue `noop.errors`), cleared before
+    and after each test."""
+    from recovery.drivers.noop import NoopDriver
+
     settings.REBOUND_RECOVERY_DRIVER = "noop"
+    NoopDriver.reset()
+    yield NoopDriver
+    NoopDriver.reset()
 
 
 @pytest.fixture(autouse=True)

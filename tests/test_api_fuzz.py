@@ -21,13 +21,14 @@ from incidents import services as incident_services
 from incidents.models import Incident
 from jobs.models import Cluster, TrainingJob
 from recovery import services as recovery_services
+from tests.conftest import examples
 
 CLUSTER = "east"
 JOB = "fuzz-job"
 T0 = 1_790_000_000.0
 # Each case goes out with each of these: the four scopes of tests/conftest.py and no token.
 SCOPES = ("ingest", "viewer", "operator", "admin", None)
-MAX_EXAMPLES = 20  # generated cases per operation
+MAX_EXAMPLES = examples(20)  # generated cases per operation (20 under the ci profile)
 CONFIG = schemathesis.Config.from_dict(
     {
         # a request must be expressible as a real request

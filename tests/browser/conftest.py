@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.contrib.auth import get_user_model
 
-from console.services import user_set_role
+from tests.factories import UserFactory
 from tests.processes import ROOT, Server, celery_worker
 
 CHROMIUM = Path(os.environ.get("REBOUND_CHROMIUM", "/usr/bin/chromium"))
@@ -94,15 +93,10 @@ def console(chromium, django_db_setup, django_db_blocker):
 def accounts(transactional_db):
     """Users who sign in through the form: two operators and a viewer."""
 
-    def make(username, role):
-        user = get_user_model().objects.create_user(username, password=PASSWORD)
-        user_set_role(user=user, role=role)
-        return user
-
     return {
-        "alice": make("alice", "operator"),
-        "bob": make("bob", "operator"),
-        "vera": make("vera", "viewer"),
+        "alice": UserFactory(username="alice", password=PASSWORD, role="operator"),
+        "bob": UserFactory(username="bob", password=PASSWORD, role="operator"),
+        "vera": UserFactory(username="vera", password=PASSWORD, role="viewer"),
     }
 
 

@@ -5,15 +5,22 @@ number of queries that does not grow with the queue."""
 import re
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
-from console.services import user_set_role
 from incidents.models import TimelineEntry
 from jobs.models import Cluster, Node
 from recovery import selectors, services
 from recovery.models import Action, ClusterRecoverySettings
+from tests.factories import (
+    ActionFactory,
+    ClusterFactory,
+    ClusterRecoverySettingsFactory,
+    NodeFactory,
+    RankWindowFactory,
+    TimelineEntryFactory,
+    UserFactory,
+)
 from tests.recovery.conftest import T0, dt, make_incident, make_job
 
 pytestmark = pytest.mark.django_db
@@ -26,7 +33,7 @@ JSON = {"HTTP_ACCEPT": "application/json"}
 
 @pytest.fixture
 def cluster(db):
-    return Cluster.objects.get_or_create(name="east")[0]
+    return ClusterFactory(name="east")
 
 
 @pytest.fixture
@@ -34,9 +41,9 @@ def nodes(cluster):
     """n01..n10 active, s1 and s2 spare."""
     out = {}
     for i in range(1, 11):
-        out[f"n{i:02d}"] = Node.objects.create(cluster=cluster, name=f"n{i:02d}")
+        out[f"n{i:02d}"] = NodeFactory(cluster=cluster, name=f"n{i:02d}")
     for name in ("s1", "s2"):
-        out[name] = Node.objects.create(cluster=cluster, name=name, state=Node.State.SPARE)
+        out[name] = NodeFactory(cluster=cluster, name=name, state=Node.State.SPARE)
     return out
 
 
@@ -49,9 +56,7 @@ def job(cluster, nodes):
 
 @pytest.fixture
 def operator2(personas):
-    user = get_user_model().objects.create_user("operator2")
-    user_set_role(user=user, role="operator")
-    return user
+    return UserFactory(username="operator2", role="operator")
 
 
 def propose(personas, kind="replace_node", who="operator", **fields):
@@ -72,7 +77,7 @@ def waiting(personas, nodes, job):
     incident = make_incident(job, cause="gpu", fault_type="gpu_xid", nodes=[nodes["n02"]])
     incident.ranks = [8, 9]
     incident.save()
-    TimelineEntry.objects.create(
+    TimelineEntryFactory(
         incident=incident,
         kind=TimelineEntry.Kind.SIGNAL,
         at=dt(T0 + 990),
@@ -123,7 +128,7 @@ def test_the_queue_shows_each_action_with_its_evidence(client, personas, waiting
 def test_a_blocked_action_names_its_guardrail_and_the_cluster_pause_shows(
     client, personas, nodes, job, operator2
 ):
-    ClusterRecoverySettings.objects.create(
+    ClusterRecoverySettingsFactory(
         cluster=job.cluster, paused=True, pause_reason="maintenance", paused_by="admin"
     )
     for n in ("n03", "n04"):
@@ -220,7 +225,7 @@ def test_reject_needs_a_comment(client, personas, waiting, operator2):
 
 
 def test_a_guardrail_refusal_is_a_clear_answer(client, personas, waiting, operator2, nodes, job):
-    holder = Action.objects.create(
+    holder = ActionFactory(
         kind="restart_job", state=S.QUEUED, cluster=job.cluster, job=job, requested_by="x"
     )
     r = decide(client, operator2, waiting, "approve")
@@ -298,7 +303,7 @@ def variety(personas, cluster, nodes, tag: str) -> list[Action]:
     on = (f"n{len(tag) % 5 * 2 + 1:02d}", f"n{len(tag) % 5 * 2 + 2:02d}")
     job = make_job(cluster, nodes, key=f"job-{tag}", on=on)
     incident = make_incident(job, nodes=[nodes[on[0]]])
-    TimelineEntry.objects.create(
+    TimelineEntryFactory(
         incident=incident, kind="signal", at=dt(T0), actor="job", message=f"crash {tag}"
     )
     n0, n1 = nodes[on[0]], nodes[on[1]]
@@ -431,10 +436,8 @@ def test_the_demos_straggler_after_its_job_completed(client, personas, nodes, jo
 def test_the_blast_radius_of_a_replacement_says_what_restarts(
     client, personas, nodes, job, operator2
 ):
-    from jobs.models import RankWindow
-
     for rank in range(16):
-        RankWindow.objects.create(
+        RankWindowFactory(
             job=job,
             attempt=1,
             rank=rank,

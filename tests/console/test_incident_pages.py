@@ -11,9 +11,14 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from incidents.models import Incident, TimelineEntry
-from jobs.models import Cluster, Node, TrainingJob
 from recovery.models import Action
-from tests.console.factories import incident_row
+from tests.factories import (
+    ActionFactory,
+    ClusterFactory,
+    NodeFactory,
+    TrainingJobFactory,
+    incident_row,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -28,12 +33,12 @@ def make_incident(job, *, fault_at, nodes=(), **fields):
 @pytest.fixture
 def world(personas):
     """Two clusters, a job on each, and five incidents that differ in every filter."""
-    east = Cluster.objects.get_or_create(name="east")[0]  # the ingest personas made them
-    west = Cluster.objects.get_or_create(name="west")[0]
-    nodes = {n: Node.objects.create(cluster=east, name=n, gpus=8) for n in ("n01", "n02")}
-    nodes["w01"] = Node.objects.create(cluster=west, name="w01", gpus=8)
-    llm = TrainingJob.objects.create(key="llm", cluster=east)
-    vit = TrainingJob.objects.create(key="vit", cluster=west)
+    east = ClusterFactory(name="east")  # the ingest personas made them
+    west = ClusterFactory(name="west")
+    nodes = {n: NodeFactory(cluster=east, name=n, gpus=8) for n in ("n01", "n02")}
+    nodes["w01"] = NodeFactory(cluster=west, name="w01", gpus=8)
+    llm = TrainingJobFactory(key="llm", cluster=east)
+    vit = TrainingJobFactory(key="vit", cluster=west)
     day = timedelta(days=1)
     i = {
         "gpu_old": make_incident(
@@ -297,7 +302,7 @@ def test_a_long_timeline_shows_its_first_and_latest_entries(client, personas, wo
 def test_the_actions_that_answer_it(client, personas, world):
     net = world["incidents"]["net_today"]
     east = world["clusters"][0]
-    waiting = Action.objects.create(
+    waiting = ActionFactory(
         kind="replace_node",
         state="awaiting_approval",
         cluster=east,
@@ -305,7 +310,7 @@ def test_the_actions_that_answer_it(client, personas, world):
         incident=net,
         requested_by="policy:replace-bad-gpu",
     )
-    done = Action.objects.create(
+    done = ActionFactory(
         kind="restart_job",
         state="succeeded",
         cluster=east,
@@ -314,7 +319,7 @@ def test_the_actions_that_answer_it(client, personas, world):
         requested_by="operator",
         approved_by="admin",
     )
-    Action.objects.create(kind="cordon_node", state="succeeded", cluster=east, requested_by="x")
+    ActionFactory(kind="cordon_node", state="succeeded", cluster=east, requested_by="x")
     client.force_login(personas["viewer"].user)
     html = client.get(f"/incidents/{net.pk}/").content.decode()
     assert f'data-live-action="{waiting.pk}" data-state="awaiting_approval"' in html
@@ -336,7 +341,7 @@ def test_incident_queries_do_not_grow_with_timeline_actions_or_nodes(
 
     def grow(k):
         add_timeline(net, 1200, net.fault_at + timedelta(hours=k))
-        extra = [Node.objects.create(cluster=east, name=f"x{k}-{n:03d}") for n in range(40)]
+        extra = [NodeFactory(cluster=east, name=f"x{k}-{n:03d}") for n in range(40)]
         net.nodes.add(*extra)
         Action.objects.bulk_create(
             Action(kind="cordon_node", state="succeeded", cluster=east, node=n, incident=net)

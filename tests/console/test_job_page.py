@@ -28,6 +28,7 @@ from jobs.services import (
     step_buckets_ensure,
 )
 from jobs.wire import validate_events
+from tests.factories import TrainingJobFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -424,7 +425,7 @@ def test_the_rank_heatmap_shows_the_chosen_launch_where_its_straggler_stands_out
 
 
 def test_a_job_with_no_events_yet_has_an_empty_page(viewer):
-    TrainingJob.objects.create(key="new-job", cluster=cluster_get_or_create(name="east"))
+    TrainingJobFactory(key="new-job", cluster=cluster_get_or_create(name="east"))
     r = viewer.get("/jobs/new-job/")
     assert r.status_code == 200
     figs = charts(r.content.decode())

@@ -12,7 +12,7 @@ from django.test import Client
 
 from console.models import LoginFailure
 from console.roles import user_role
-from console.services import user_set_role
+from tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -22,9 +22,7 @@ LOCKED = "Too many failed sign-ins"
 
 @pytest.fixture
 def alice():
-    user = get_user_model().objects.create_user("alice", password=PASSWORD)
-    user_set_role(user=user, role="operator")
-    return user
+    return UserFactory(username="alice", password=PASSWORD, role="operator")
 
 
 def sign_in(username, password, address="10.0.0.1", client=None):
@@ -59,8 +57,7 @@ def test_five_wrong_passwords_lock_the_username_even_for_the_right_one(settings,
     assert LOCKED in r.text and "try again in 15 minutes" in r.text
     assert client.get("/").status_code == 302  # not signed in
     # Another user is not locked out by alice's failures.
-    bob = get_user_model().objects.create_user("bob", password=PASSWORD)
-    user_set_role(user=bob, role="viewer")
+    UserFactory(username="bob", password=PASSWORD, role="viewer")
     assert signed_in(sign_in("bob", PASSWORD, address="10.0.2.2")[0])
 
     # Fifteen minutes later the lock is over.

@@ -13,9 +13,17 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from jobs.models import Attempt, Cluster, Node, TrainingJob
-from recovery.models import Action, ClusterRecoverySettings
-from tests.console.factories import incident_row
+from jobs.models import Node, TrainingJob
+from recovery.models import Action
+from tests.factories import (
+    ActionFactory,
+    AttemptFactory,
+    ClusterFactory,
+    ClusterRecoverySettingsFactory,
+    NodeFactory,
+    TrainingJobFactory,
+    incident_row,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -24,12 +32,12 @@ S = Action.State
 
 @pytest.fixture
 def east(db):
-    return Cluster.objects.get_or_create(name="east")[0]
+    return ClusterFactory(name="east")
 
 
 @pytest.fixture
 def node(east):
-    return Node.objects.create(cluster=east, name="n01", gpus=8)
+    return NodeFactory(cluster=east, name="n01", gpus=8)
 
 
 def make_nodes(cluster, n, state=Node.State.ACTIVE, prefix="n"):
@@ -39,7 +47,7 @@ def make_nodes(cluster, n, state=Node.State.ACTIVE, prefix="n"):
 
 
 def make_job(cluster, key="llm"):
-    return TrainingJob.objects.create(
+    return TrainingJobFactory(
         key=key, cluster=cluster, status=TrainingJob.Status.RUNNING, last_event_ts=1.0
     )
 
@@ -52,7 +60,7 @@ def make_incident(job, nodes, *, fault_at=None, lost_s=0.0):
 
 
 def make_action(node, state=S.AWAITING_APPROVAL, kind=Action.Kind.CORDON_NODE, **fields):
-    return Action.objects.create(
+    return ActionFactory(
         kind=kind,
         state=state,
         cluster=node.cluster,
@@ -108,7 +116,7 @@ def test_an_unknown_node_is_404(client, personas, node):
 
 
 def test_filters_by_cluster_and_state(client, personas, east):
-    west = Cluster.objects.get_or_create(name="west")[0]
+    west = ClusterFactory(name="west")
     make_nodes(east, 3, prefix="e")
     make_nodes(east, 2, Node.State.CORDONED, prefix="ec")
     make_nodes(west, 4, Node.State.CORDONED, prefix="wc")
@@ -150,8 +158,8 @@ def test_paginates_by_200(client, personas, east):
 
 def test_the_columns(client, personas, east):
     a, b = (
-        Node.objects.create(cluster=east, name="a", gpus=8),
-        Node.objects.create(cluster=east, name="b", state=Node.State.IN_REPAIR),
+        NodeFactory(cluster=east, name="a", gpus=8),
+        NodeFactory(cluster=east, name="b", state=Node.State.IN_REPAIR),
     )
     job = make_job(east)
     now = timezone.now()
@@ -179,7 +187,7 @@ def test_the_columns(client, personas, east):
 
 def test_the_node_page_shows_actions_incidents_and_launches(client, personas, east, node):
     job = make_job(east)
-    attempt = Attempt.objects.create(job=job, number=3, world_size=16, started_at=timezone.now())
+    attempt = AttemptFactory(job=job, number=3, world_size=16, started_at=timezone.now())
     attempt.nodes.set([node])
     now = timezone.now()
     older = make_incident(job, [node], fault_at=now - timedelta(hours=3), lost_s=7200)
@@ -212,7 +220,7 @@ def test_query_counts_do_not_grow_with_rows(client, personas, east, django_asser
     job = make_job(east)
     make_incident(job, few[:2])
     make_action(few[0])
-    Attempt.objects.create(job=job, number=1).nodes.set(few)
+    AttemptFactory(job=job, number=1).nodes.set(few)
     small = (_queries(client, "/nodes/"), _queries(client, "/nodes/east/n0000/"))
 
     many = make_nodes(east, 500, prefix="m")
@@ -223,7 +231,7 @@ def test_query_counts_do_not_grow_with_rows(client, personas, east, django_asser
     for _ in range(60):
         make_action(few[0], S.SUCCEEDED)
     for number in range(2, 40):
-        Attempt.objects.create(job=job, number=number).nodes.set([few[0], *many[:50]])
+        AttemptFactory(job=job, number=number).nodes.set([few[0], *many[:50]])
     big = (_queries(client, "/nodes/"), _queries(client, "/nodes/east/n0000/"))
     assert big == small
     with django_assert_max_num_queries(12):
@@ -263,7 +271,7 @@ def test_an_operators_cordon_is_proposed_like_the_apis(client, personas, node):
     ]
 
     # The REST API's proposal of the same thing, for comparison: the same row.
-    other = Node.objects.create(cluster=node.cluster, name="n02")
+    other = NodeFactory(cluster=node.cluster, name="n02")
     api = (
         personas["admin"]
         .client()
@@ -310,12 +318,12 @@ def test_on_a_paused_cluster_it_waits_as_the_apis_does(client, personas, node, e
     """A person's proposal always waits for approval; the pause, an automatic-only
     guardrail, is not named on it (it holds the action after approval instead): the
     page answers exactly what the API does."""
-    ClusterRecoverySettings.objects.create(
+    ClusterRecoverySettingsFactory(
         cluster=east, paused=True, paused_by="admin", pause_reason="firmware"
     )
     client.force_login(personas["operator"].user)
     assert act(client).json()["state"] == S.AWAITING_APPROVAL
-    Node.objects.create(cluster=east, name="n02")
+    NodeFactory(cluster=east, name="n02")
     api = (
         personas["operator"]
         .client()

@@ -17,17 +17,23 @@ from incidents.models import Incident
 from incidents.selectors import lost_gpu_hours_recent
 from jobs.accounting import job_ledger
 from jobs.models import (
-    Attempt,
-    Checkpoint,
-    Cluster,
     LedgerSnapshot,
     Node,
-    StepRecord,
     TrainingJob,
 )
 from jobs.selectors import jobs_recent_goodput
 from recovery.models import Action
-from tests.console.factories import incident_row
+from tests.factories import (
+    ActionFactory,
+    AttemptFactory,
+    CheckpointFactory,
+    ClusterFactory,
+    LedgerSnapshotFactory,
+    NodeFactory,
+    StepRecordFactory,
+    TrainingJobFactory,
+    incident_row,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -67,7 +73,7 @@ def figures(goodput: float, gpu_goodput: float) -> dict:
 
 
 def make_job(cluster, key, *, snapshot=True, status=TrainingJob.Status.RUNNING, launch=False):
-    job = TrainingJob.objects.create(
+    job = TrainingJobFactory(
         key=key,
         cluster=cluster,
         status=status,
@@ -77,11 +83,11 @@ def make_job(cluster, key, *, snapshot=True, status=TrainingJob.Status.RUNNING, 
         last_step_ts=T0 + 7200,
     )
     if snapshot:
-        LedgerSnapshot.objects.create(job=job, revision=0, figures=figures(0.83, 0.81))
+        LedgerSnapshotFactory(job=job, revision=0, figures=figures(0.83, 0.81))
     if launch:  # a launch with its first step, and a checkpoint in the last hour
-        Attempt.objects.create(job=job, number=1, world_size=8, started_at=dt(T0))
-        StepRecord.objects.create(job=job, attempt=1, step=1, ts=T0 + 60)
-        Checkpoint.objects.create(
+        AttemptFactory(job=job, number=1, world_size=8, started_at=dt(T0))
+        StepRecordFactory(job=job, attempt=1, step=1, ts=T0 + 60)
+        CheckpointFactory(
             job=job,
             attempt=1,
             step=600,
@@ -110,7 +116,7 @@ def seed(n_clusters, nodes_per_cluster, n_jobs, n_incidents, n_actions, prefix="
     """Clusters `{prefix}0..` of nodes in every state in turn, running jobs with cached
     ledgers, open incidents on two nodes each, actions waiting for approval."""
     states = [s.value for s in Node.State]
-    clusters = [Cluster.objects.create(name=f"{prefix}{i}") for i in range(n_clusters)]
+    clusters = [ClusterFactory(name=f"{prefix}{i}") for i in range(n_clusters)]
     all_nodes = []
     for c in clusters:
         all_nodes += Node.objects.bulk_create(
@@ -123,7 +129,7 @@ def seed(n_clusters, nodes_per_cluster, n_jobs, n_incidents, n_actions, prefix="
     for i in range(n_incidents):
         make_incident(jobs[i % n_jobs], nodes=all_nodes[i : i + 2], lost_s=3600.0)
     for i in range(n_actions):
-        Action.objects.create(
+        ActionFactory(
             kind=Action.Kind.CORDON_NODE,
             state=Action.State.AWAITING_APPROVAL,
             cluster=all_nodes[i].cluster,
@@ -163,12 +169,12 @@ def test_outsiders_are_refused_and_strangers_sent_to_sign_in(client, personas):
 
 
 def test_the_grid_colours_names_and_links_every_node(client, personas):
-    c = Cluster.objects.get_or_create(name="east")[0]
-    a = Node.objects.create(cluster=c, name="a01", state=Node.State.ACTIVE)
-    b = Node.objects.create(cluster=c, name="b02", state=Node.State.IN_REPAIR)
-    Node.objects.create(cluster=c, name="r03", state=Node.State.RETIRED)
-    other = Cluster.objects.get_or_create(name="west")[0]
-    w = Node.objects.create(cluster=other, name="w01", state=Node.State.CORDONED)
+    c = ClusterFactory(name="east")
+    a = NodeFactory(cluster=c, name="a01", state=Node.State.ACTIVE)
+    b = NodeFactory(cluster=c, name="b02", state=Node.State.IN_REPAIR)
+    NodeFactory(cluster=c, name="r03", state=Node.State.RETIRED)
+    other = ClusterFactory(name="west")
+    w = NodeFactory(cluster=other, name="w01", state=Node.State.CORDONED)
     client.force_login(personas["viewer"].user)
     html = client.get("/").content.decode()
     for node, label in ((a, "active"), (b, "in repair"), (w, "cordoned")):
@@ -212,7 +218,7 @@ def test_status_json_returns_every_node_state(client, personas):
 
 
 def test_running_jobs_show_cumulative_and_last_hour_goodput(client, personas):
-    c = Cluster.objects.get_or_create(name="east")[0]
+    c = ClusterFactory(name="east")
     running = make_job(c, "llm-a")
     make_job(c, "llm-b", snapshot=False)
     make_job(c, "done", status=TrainingJob.Status.COMPLETED)
@@ -230,14 +236,14 @@ def test_running_jobs_show_cumulative_and_last_hour_goodput(client, personas):
 
 
 def test_open_incidents_newest_first_and_approvals(client, personas):
-    c = Cluster.objects.get_or_create(name="east")[0]
+    c = ClusterFactory(name="east")
     job = make_job(c, "llm")
-    node = Node.objects.create(cluster=c, name="n01")
+    node = NodeFactory(cluster=c, name="n01")
     now = timezone.now()
     old = make_incident(job, fault_at=now - timedelta(hours=2))
     new = make_incident(job, fault_at=now - timedelta(minutes=5), state=Incident.State.OPEN)
     closed = make_incident(job, fault_at=now, state=Incident.State.RESOLVED)
-    waiting = Action.objects.create(
+    waiting = ActionFactory(
         kind=Action.Kind.CORDON_NODE,
         state=Action.State.AWAITING_APPROVAL,
         cluster=c,
@@ -256,7 +262,7 @@ def test_open_incidents_newest_first_and_approvals(client, personas):
 
 
 def test_gpu_hours_lost_sums_the_incidents_of_today_and_the_last_7_days(client, personas):
-    c = Cluster.objects.get_or_create(name="east")[0]
+    c = ClusterFactory(name="east")
     job = make_job(c, "llm")
     now = timezone.now()
     make_incident(job, fault_at=now, lost_s=0.05 * 3600)  # today: small, not shown as 0.0
@@ -269,7 +275,7 @@ def test_gpu_hours_lost_sums_the_incidents_of_today_and_the_last_7_days(client, 
 
 
 def test_lost_gpu_hours_boundaries():
-    c = Cluster.objects.get_or_create(name="east")[0]
+    c = ClusterFactory(name="east")
     job = make_job(c, "llm")
     now = datetime(2026, 3, 10, 6, 0, tzinfo=UTC)
     midnight = datetime(2026, 3, 10, tzinfo=UTC)

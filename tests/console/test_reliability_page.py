@@ -14,9 +14,16 @@ from console.pages.incidents import duration
 from incidents import selectors, services
 from incidents.models import Incident
 from jobs.accounting import job_ledger
-from jobs.models import Attempt, Cluster, LedgerSnapshot, Node, TrainingJob
+from jobs.models import Node, TrainingJob
 from jobs.services import job_goodput
-from tests.console.factories import incident_row
+from tests.factories import (
+    AttemptFactory,
+    ClusterFactory,
+    LedgerSnapshotFactory,
+    NodeFactory,
+    TrainingJobFactory,
+    incident_row,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -113,8 +120,8 @@ def test_the_figures_are_the_selectors(client, personas, sample_job):
 
 
 def test_the_cluster_narrows_the_report(client, personas, sample_job):
-    west = Cluster.objects.get_or_create(name="west")[0]
-    vit = TrainingJob.objects.create(key="vit", cluster=west)
+    west = ClusterFactory(name="west")
+    vit = TrainingJobFactory(key="vit", cluster=west)
     make_incident(vit, fault_at=DAY_START + timedelta(hours=3), cause="memory")
     client.force_login(personas["viewer"].user)
     everywhere = client.get("/reliability/", SAMPLE_DAY).context["report"]
@@ -183,14 +190,14 @@ GPUS = 8
 def two_week_job(cluster, key="llm", other_share=0.1, with_ledger=True):
     """Two weeks on 8 GPUs: launch 1 from W1 Monday, a crash on W2 Monday noon
     (12 h of wasted progress, 12 h down), launch 2 from W2 Tuesday to the end of W2."""
-    job = TrainingJob.objects.create(
+    job = TrainingJobFactory(
         key=key,
         cluster=cluster,
         first_event_ts=W1.timestamp(),
         last_event_ts=(W1 + 14 * DAY).timestamp(),
     )
-    Attempt.objects.create(job=job, number=1, world_size=GPUS, started_at=W1)
-    Attempt.objects.create(job=job, number=2, world_size=GPUS, started_at=W1 + 8 * DAY)
+    AttemptFactory(job=job, number=1, world_size=GPUS, started_at=W1)
+    AttemptFactory(job=job, number=2, world_size=GPUS, started_at=W1 + 8 * DAY)
     lost = {
         "wasted_progress": 12 * 3600.0 * GPUS,
         "downtime": 12 * 3600.0 * GPUS,
@@ -207,7 +214,7 @@ def two_week_job(cluster, key="llm", other_share=0.1, with_ledger=True):
     other = other_share * total
     productive = total - other - 24 * 3600.0 * GPUS
     if with_ledger:
-        LedgerSnapshot.objects.create(
+        LedgerSnapshotFactory(
             job=job,
             revision=1,
             figures={
@@ -223,7 +230,7 @@ def two_week_job(cluster, key="llm", other_share=0.1, with_ledger=True):
 
 
 def test_goodput_by_week_places_incident_losses_in_their_week(db):
-    east = Cluster.objects.get_or_create(name="east")[0]
+    east = ClusterFactory(name="east")
     _, productive = two_week_job(east)
     two_week_job(east, key="no-ledger-yet", with_ledger=False)
     out = selectors.goodput_by_week(cluster="east", start=W1, end=W1 + 14 * DAY)
@@ -238,7 +245,7 @@ def test_goodput_by_week_places_incident_losses_in_their_week(db):
 
 
 def test_goodput_by_week_clips_weeks_to_the_period(db):
-    east = Cluster.objects.get_or_create(name="east")[0]
+    east = ClusterFactory(name="east")
     two_week_job(east)
     start, end = W1 + 3 * DAY, W1 + 7 * DAY + DAY / 2  # Thursday of W1 to W2 Monday noon
     out = selectors.goodput_by_week(cluster="east", start=start, end=end)
@@ -266,8 +273,8 @@ def count_queries(client, url) -> int:
 def test_report_queries_do_not_grow_with_incidents_or_jobs(
     client, personas, django_assert_max_num_queries
 ):
-    east = Cluster.objects.get_or_create(name="east")[0]
-    node = Node.objects.create(cluster=east, name="n01")
+    east = ClusterFactory(name="east")
+    node = NodeFactory(cluster=east, name="n01")
     url = "/reliability/?since=2026-03-02&until=2026-03-15"
     client.force_login(personas["viewer"].user)
 

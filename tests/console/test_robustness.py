@@ -13,9 +13,15 @@ from django.utils import timezone
 
 from console.services import token_issue
 from incidents.models import Incident
-from jobs.models import Attempt, Cluster, Event, Node, TrainingJob
+from jobs.models import Cluster, Event, TrainingJob
 from recovery.models import Action
-from tests.console.factories import incident_row
+from tests.factories import (
+    ActionFactory,
+    AttemptFactory,
+    NodeFactory,
+    TrainingJobFactory,
+    incident_row,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -29,18 +35,18 @@ ODD_NODES = ["rack1/gpu-001", "gpu-002\n", "rack2/gpu-003/act", "gpu 004?#%"]
 def odd_rows(personas):
     east = Cluster.objects.get(name="east")
     now = timezone.now()
-    nodes = [Node.objects.create(cluster=east, name=n, last_heard_at=now) for n in ODD_NODES]
+    nodes = [NodeFactory(cluster=east, name=n, last_heard_at=now) for n in ODD_NODES]
     jobs = []
     for key in ODD_JOBS:
-        job = TrainingJob.objects.create(
+        job = TrainingJobFactory(
             key=key, cluster=east, status=TrainingJob.Status.RUNNING, first_event_ts=1
         )
-        attempt = Attempt.objects.create(job=job, number=1, world_size=8, started_at=now)
+        attempt = AttemptFactory(job=job, number=1, world_size=8, started_at=now)
         attempt.nodes.set(nodes)
         jobs.append(job)
         incident = incident_row(job, nodes=nodes, fault_at=now - timedelta(minutes=5))
         for node in nodes:
-            Action.objects.create(
+            ActionFactory(
                 kind=Action.Kind.CORDON_NODE,
                 state=Action.State.AWAITING_APPROVAL,
                 cluster=east,

@@ -11,6 +11,7 @@ from console.models import ApiToken
 from console.roles import role_allows, user_role
 from console.services import user_set_role
 from jobs.models import Cluster
+from tests.factories import ClusterFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -33,7 +34,7 @@ def test_issue_token_prints_the_token_alone_and_stores_only_its_hash():
 
 
 def test_issue_token_reuses_an_existing_cluster():
-    Cluster.objects.create(name="north")
+    ClusterFactory(name="north")
     issue("--scope", "ingest", "--cluster", "north")
     assert Cluster.objects.count() == 1
 
@@ -70,7 +71,7 @@ def test_role_order():
 
 
 def test_user_roles_come_from_groups():
-    user = get_user_model().objects.create_user("u1")
+    user = UserFactory(username="u1")
     assert user_role(user) is None
     user_set_role(user=user, role="operator")
     assert user_role(user) == "operator"

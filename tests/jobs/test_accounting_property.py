@@ -28,8 +28,7 @@ from jobs.accounting import CATEGORIES
 from tests.jobs.traces import ledger_of
 
 T0 = 1_700_000_000.0
-SETTINGS = settings(
-    max_examples=150,
+SETTINGS = settings(  # the count of examples: the profile's (tests/conftest.py)
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

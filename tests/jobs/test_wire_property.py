@@ -21,6 +21,7 @@ from jobs.wire import (
     parse_body,
     validate_events,
 )
+from tests.conftest import examples
 
 # Any JSON value, with the awkward parts over-represented: huge and negative
 # integers, non-finite floats, NUL and lone surrogates, deep nesting.
@@ -126,7 +127,7 @@ def storable(value) -> bool:
     return "\\u0000" not in text
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(one_field_wrong() | plausible_event() | json_values, min_size=1, max_size=5))
 def test_any_json_yields_errors_or_storable_events(raw):
     events, errors = validate_events(raw, 5000)
@@ -187,7 +188,7 @@ def test_every_field_of_every_kind_given_each_awkward_value(kind):
             test_any_json_yields_errors_or_storable_events.hypothesis.inner_test([event])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.binary(max_size=200) | json_values.map(lambda v: json.dumps(v).encode()))
 def test_any_body_parses_or_is_a_wire_error(body):
     with contextlib.suppress(WireError):

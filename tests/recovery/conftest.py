@@ -1,18 +1,25 @@
 """Recovery fixtures: a cluster `east` of ten active nodes and two spares, a running
 job on two of them with a durable checkpoint, incidents made to order, a second
-operator (approvals need one), and the `noop` driver for every cluster."""
+operator (approvals need one). The `noop` driver every cluster drives is
+tests/conftest.py's."""
 
 from datetime import UTC, datetime
 
 import pytest
-from django.contrib.auth import get_user_model
 
-from console.services import token_issue, user_set_role
-from incidents.models import Incident
-from jobs.models import Attempt, Checkpoint, Cluster, Node, TrainingJob
-from recovery.drivers.noop import NoopDriver
+from console.services import token_issue
+from jobs.models import Node, TrainingJob
 from recovery.models import Action
 from tests.conftest import Persona
+from tests.factories import (
+    AttemptFactory,
+    CheckpointFactory,
+    ClusterFactory,
+    IncidentFactory,
+    NodeFactory,
+    TrainingJobFactory,
+    UserFactory,
+)
 
 T0 = 1_790_000_000.0
 
@@ -21,18 +28,9 @@ def dt(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, tz=UTC)
 
 
-@pytest.fixture(autouse=True)
-def noop(settings):
-    """Every cluster without settings of its own drives the recording noop driver."""
-    settings.REBOUND_RECOVERY_DRIVER = "noop"
-    NoopDriver.reset()
-    yield NoopDriver
-    NoopDriver.reset()
-
-
 @pytest.fixture
 def cluster(db):
-    return Cluster.objects.get_or_create(name="east")[0]
+    return ClusterFactory(name="east")
 
 
 @pytest.fixture
@@ -40,16 +38,16 @@ def nodes(cluster):
     """n01..n10 active, s1 and s2 spare: {name: Node}."""
     out = {}
     for i in range(1, 11):
-        out[f"n{i:02d}"] = Node.objects.create(cluster=cluster, name=f"n{i:02d}", gpus=8)
+        out[f"n{i:02d}"] = NodeFactory(cluster=cluster, name=f"n{i:02d}", gpus=8)
     for name in ("s1", "s2"):
-        out[name] = Node.objects.create(cluster=cluster, name=name, gpus=8, state=Node.State.SPARE)
+        out[name] = NodeFactory(cluster=cluster, name=name, gpus=8, state=Node.State.SPARE)
     return out
 
 
 def make_job(cluster, nodes, key="llm", on=("n01", "n02"), world_size=16):
     """A running job at step 100 (T0 + 1000), launched at T0 on `on`, with a durable
     checkpoint of step 80 saved at T0 + 800."""
-    job = TrainingJob.objects.create(
+    job = TrainingJobFactory(
         key=key,
         cluster=cluster,
         status=TrainingJob.Status.RUNNING,
@@ -58,11 +56,15 @@ def make_job(cluster, nodes, key="llm", on=("n01", "n02"), world_size=16):
         last_step=100,
         last_step_ts=T0 + 1000,
     )
-    attempt = Attempt.objects.create(
-        job=job, number=1, world_size=world_size, gpus_per_node=8, started_at=dt(T0)
+    AttemptFactory(
+        job=job,
+        number=1,
+        world_size=world_size,
+        gpus_per_node=8,
+        started_at=dt(T0),
+        nodes=[nodes[n] for n in on],
     )
-    attempt.nodes.set([nodes[n] for n in on])
-    Checkpoint.objects.create(
+    CheckpointFactory(
         job=job, attempt=1, step=80, saved_at=dt(T0 + 800), durable=True, tier="remote"
     )
     return job
@@ -73,26 +75,18 @@ def job(cluster, nodes):
     return make_job(cluster, nodes)
 
 
-_episode = iter(range(1, 10**6))
-
-
 def make_incident(job, *, cause="software", fault_type="crash", nodes=(), **fields):
-    incident = Incident.objects.create(
+    """An incident of `job` on `nodes`, found at T0 + 995 of a fault at T0 + 990."""
+    return IncidentFactory(
         job=job,
-        cluster=job.cluster,
-        detector=fields.pop("detector", "launch_fault"),
-        episode=f"e{next(_episode)}",
-        attempt=fields.pop("attempt", 1),
         cause=cause,
         fault_type=fault_type,
-        severity=fields.pop("severity", "major"),
+        nodes=list(nodes),
         summary=fields.pop("summary", f"{fault_type} on {', '.join(n.name for n in nodes)}"),
         fault_at=fields.pop("fault_at", dt(T0 + 990)),
         detected_at=fields.pop("detected_at", dt(T0 + 995)),
         **fields,
     )
-    incident.nodes.set(nodes)
-    return incident
 
 
 def audit_moves(action) -> list[tuple[str, str]]:
@@ -106,8 +100,7 @@ def states(**filters) -> list[str]:
 @pytest.fixture
 def operator2(personas):
     """A second operator: the one who may approve what `operator` proposed."""
-    user = get_user_model().objects.create_user("operator2")
-    user_set_role(user=user, role="operator")
+    user = UserFactory(username="operator2", role="operator")
     _, raw = token_issue(scope="operator", username="operator2")
     personas["operator2"] = Persona("operator2", raw, user)
     return personas["operator2"]

@@ -7,9 +7,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from jobs.models import Attempt, Node
+from jobs.models import Node
 from recovery import services
 from recovery.models import Action, ClusterRecoverySettings
+from tests.factories import ActionFactory, AttemptFactory
 from tests.recovery.conftest import make_incident
 
 pytestmark = pytest.mark.django_db
@@ -77,7 +78,7 @@ def test_storm_leaves_actions_that_isolate_nothing_alone(cluster, nodes, job):
 
 
 def test_cooldown_after_a_failed_action_on_the_same_target(cluster, nodes, job):
-    failed = Action.objects.create(
+    failed = ActionFactory(
         cluster=cluster,
         kind="restart_job",
         job=job,
@@ -154,7 +155,7 @@ def test_a_stale_approval_returns_to_the_queue(cluster, nodes, job):
     assert action.target_snapshot == {"job_attempt": 1}
     # The job was relaunched by someone else since, and that launch stopped too (had
     # it been running, the restart would have nothing left to do: moved_on).
-    Attempt.objects.create(job=job, number=2, world_size=16)
+    AttemptFactory(job=job, number=2, world_size=16)
     job.status = job.Status.INTERRUPTED
     job.save()
     with pytest.raises(services.Refused) as exc:

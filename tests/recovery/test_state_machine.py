@@ -10,6 +10,7 @@ from django.db import IntegrityError, transaction
 from incidents.models import TimelineEntry
 from recovery import services
 from recovery.models import Action, ActionAudit
+from tests.factories import ActionFactory
 from tests.recovery.conftest import audit_moves, make_incident
 
 pytestmark = pytest.mark.django_db
@@ -36,7 +37,7 @@ ALLOWED = {
 
 
 def make_action(cluster, node, state, **fields):
-    return Action.objects.create(
+    return ActionFactory(
         cluster=cluster,
         kind=Action.Kind.CORDON_NODE,
         node=node,
@@ -128,13 +129,9 @@ def test_one_active_action_per_node_and_per_job_is_a_database_constraint(cluster
     waiting = make_action(cluster, nodes["n01"], S.AWAITING_APPROVAL)
     with pytest.raises(IntegrityError), transaction.atomic():
         Action.objects.filter(pk=waiting.pk).update(state=S.APPROVED)
-    Action.objects.create(
-        cluster=cluster, kind="restart_job", job=job, state=S.RUNNING, requested_by="x"
-    )
+    ActionFactory(cluster=cluster, kind="restart_job", job=job, state=S.RUNNING, requested_by="x")
     with pytest.raises(IntegrityError), transaction.atomic():
-        Action.objects.create(
-            cluster=cluster, kind="rollback", job=job, state=S.PROPOSED, requested_by="x"
-        )
+        ActionFactory(cluster=cluster, kind="rollback", job=job, state=S.PROPOSED, requested_by="x")
     # Finished actions hold nothing.
     Action.objects.filter(node=nodes["n01"]).update(state=S.SUCCEEDED)
     make_action(cluster, nodes["n01"], S.PROPOSED)

@@ -7,6 +7,7 @@ from incidents.models import Incident
 from incidents.signals import incident_opened
 from jobs.models import Node
 from recovery.models import Action
+from tests.factories import ClusterRecoverySettingsFactory, NodeFactory
 from tests.recovery.conftest import make_incident, make_job
 
 pytestmark = pytest.mark.django_db
@@ -17,9 +18,9 @@ S = Action.State
 @pytest.fixture
 def big(cluster):
     """20 active nodes and 2 spares: 10% of 22 allows 2 automatic isolations."""
-    nodes = {f"g{i:02d}": Node.objects.create(cluster=cluster, name=f"g{i:02d}") for i in range(20)}
+    nodes = {f"g{i:02d}": NodeFactory(cluster=cluster, name=f"g{i:02d}") for i in range(20)}
     for name in ("s1", "s2"):
-        nodes[name] = Node.objects.create(cluster=cluster, name=name, state=Node.State.SPARE)
+        nodes[name] = NodeFactory(cluster=cluster, name=name, state=Node.State.SPARE)
     return nodes
 
 
@@ -126,20 +127,20 @@ def test_nodes_heard_from_lately_count_and_silent_unregistered_ones_do_not(clust
 
     now = timezone.now()
     for i in range(30):  # made by ingest: counted while heard from
-        Node.objects.create(
+        NodeFactory(
             cluster=cluster,
             name=f"h{i:02d}",
             registered=False,
             last_heard_at=now - timedelta(seconds=30),
         )
     for i in range(50):  # made by ingest, never heard from, or not for hours
-        Node.objects.create(
+        NodeFactory(
             cluster=cluster,
             name=f"q{i:02d}",
             registered=False,
             last_heard_at=None if i % 2 else now - timedelta(hours=3),
         )
-    Node.objects.create(cluster=cluster, name="spare1", state=Node.State.SPARE)  # registered
+    NodeFactory(cluster=cluster, name="spare1", state=Node.State.SPARE)  # registered
     state = guardrails.storm_state(
         cluster.pk, guardrails.Context(cluster_settings(cluster.pk), now)
     )
@@ -147,12 +148,8 @@ def test_nodes_heard_from_lately_count_and_silent_unregistered_ones_do_not(clust
 
 
 def test_an_absolute_cap_holds_whatever_the_clusters_size(cluster, run_on_commit):
-    from recovery.models import ClusterRecoverySettings
-
-    nodes = {
-        f"g{i:03d}": Node.objects.create(cluster=cluster, name=f"g{i:03d}") for i in range(200)
-    }
-    ClusterRecoverySettings.objects.create(cluster=cluster, storm_max_nodes=3)  # 10%: 20
+    nodes = {f"g{i:03d}": NodeFactory(cluster=cluster, name=f"g{i:03d}") for i in range(200)}
+    ClusterRecoverySettingsFactory(cluster=cluster, storm_max_nodes=3)  # 10%: 20
     incidents = []
     for i in range(5):
         name = f"g{i:03d}"

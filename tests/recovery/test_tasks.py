@@ -8,11 +8,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from jobs.models import Checkpoint, Node, TrainingJob
+from jobs.models import Node, TrainingJob
 from jobs.signals import events_stored
 from recovery import services, tasks
 from recovery.drivers import DriverError, DriverTransientError
 from recovery.models import Action
+from tests.factories import AttemptFactory, CheckpointFactory
 from tests.recovery.conftest import T0, audit_moves, dt
 
 pytestmark = pytest.mark.django_db
@@ -193,7 +194,7 @@ def test_a_replacement_waits_for_the_next_checkpoint(cluster, nodes, job, noop, 
     assert action.output == {"waiting_for": "a durable checkpoint after step 80"}
     assert noop.calls == []
     # The job saves step 120; ingest announces it.
-    Checkpoint.objects.create(job=job, attempt=1, step=120, saved_at=dt(T0 + 1200), durable=True)
+    CheckpointFactory(job=job, attempt=1, step=120, saved_at=dt(T0 + 1200), durable=True)
     with run_on_commit():
         events_stored.send(
             sender=TrainingJob, job_ids=[job.pk], kinds={job.pk: {"step", "checkpoint_saved"}}
@@ -223,14 +224,12 @@ def test_a_replacement_lost_mid_call_finishes_on_its_spare(cluster, nodes, job, 
     """The worker relaunched the job on the spare and died before recording it; the
     new launch is already reported. The re-run is a continuation: not stale, same
     spare, and it completes."""
-    from jobs.models import Attempt
-
     action = queued(cluster, "replace_node", node=nodes["n01"], job=job)
     noop.errors.append(DriverTransientError("lost"))  # stands for the worker's death
     assert services.action_execute(action_id=action.pk).what == "retry"
     action.refresh_from_db()
     assert action.spare.name == "s1" and action.state == S.QUEUED
-    Attempt.objects.create(job=job, number=2, world_size=16)  # the new launch reported
+    AttemptFactory(job=job, number=2, world_size=16)  # the new launch reported
     assert services.action_execute(action_id=action.pk).what == "succeeded"
     action.refresh_from_db()
     assert (action.state, action.spare.name, action.attempts) == (S.SUCCEEDED, "s1", 2)
