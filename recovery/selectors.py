@@ -577,3 +577,12 @@ def nodes_current_actions(*, node_ids) -> dict[int, Action]:
     ).order_by("node_id", "-created_at", "-id"):
         out.setdefault(action.node_id, action)
     return out
+
+
+def actions_waiting_for_checkpoint(*, job_ids) -> list[Action]:
+    """The queued replacements of these jobs that wait for their next checkpoint."""
+    return list(
+        Action.objects.filter(
+            job_id__in=list(job_ids), kind=K.REPLACE_AT_NEXT_CHECKPOINT, state=S.QUEUED
+        )
+    )

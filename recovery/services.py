@@ -2,9 +2,10 @@
 
 Every change of an action's state goes through `action_transition`: a
 conditional UPDATE (`WHERE state = <from>`) whose row count says whether this
-caller won, the audit entry and the incident's timeline entry in the same
-transaction, and the follow-up work (send the execution task, re-run the
-policies of related incidents) sent once the transaction commits.
+caller won, and the audit entry and the incident's timeline entry in the same
+transaction. A service only records: it sends no task. What a new state calls for
+(a queued row's execution, an ended row's follow-up) is sent by the caller, through
+`recovery.queue`, once the transaction commits.
 
 The states (design.md, Actions):
 
@@ -22,7 +23,7 @@ the reconciler re-queuing a row stuck past its deadline).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.db import IntegrityError, transaction
@@ -149,10 +150,6 @@ def action_transition(
         if expressions:
             action.refresh_from_db(fields=expressions)
         _record(action, frm, to, actor=actor, why=why, at=now, data=data)
-        if to == S.QUEUED:
-            _send_execute(action)
-        elif to in Action.TERMINAL_STATES:
-            _send_follow_up(action)
     return True
 
 
@@ -191,26 +188,6 @@ def _target(action: Action) -> str:
     if action.job_id:
         parts.append(f"job {action.job.key}")
     return ", ".join(parts) or "cluster"
-
-
-def _send_execute(action: Action) -> None:
-    from recovery.tasks import execute_action
-
-    limit = TIME_LIMITS_S[action.kind]
-    pk = action.pk
-    transaction.on_commit(
-        lambda: execute_action.apply_async(
-            (pk,), soft_time_limit=limit, time_limit=limit + DEADLINE_GRACE_S
-        ),
-        robust=True,
-    )
-
-
-def _send_follow_up(action: Action) -> None:
-    from recovery.tasks import after_action
-
-    pk = action.pk
-    transaction.on_commit(lambda: after_action.delay(pk), robust=True)
 
 
 # --- proposing -----------------------------------------------------------------------
@@ -510,8 +487,9 @@ def cluster_pause(*, cluster: Cluster, actor: str, reason: str) -> ClusterRecove
     return cfg
 
 
-def cluster_resume(*, cluster: Cluster, actor: str) -> ClusterRecoverySettings:
-    """Lifts the pause; the queued actions it held are sent again."""
+def cluster_resume(*, cluster: Cluster, actor: str) -> list[Action]:
+    """Lifts the pause. Returns the cluster's queued actions (those the pause held
+    among them), for the caller to send again."""
     with transaction.atomic():
         cfg = _lock_settings(cluster.pk)
         was = cfg.pause_reason
@@ -519,11 +497,9 @@ def cluster_resume(*, cluster: Cluster, actor: str) -> ClusterRecoverySettings:
         cfg.save()
         held = Action.objects.filter(cluster=cluster, state=S.QUEUED)
         held.filter(blocked_by="pause").update(blocked_by="", blocked_reason="")
-        for action in held:
-            _send_execute(action)
         message = f"recovery on cluster {cluster.name} resumed by {actor} (paused for: {was})"
         transaction.on_commit(lambda: audit_log.info(message))
-    return cfg
+        return list(held)
 
 
 # --- policies ------------------------------------------------------------------------
@@ -641,6 +617,12 @@ class Outcome:
 
     what: str
     retry_in: float | None = None
+    action: Action | None = field(default=None, compare=False)  # the row, as it ended
+
+    @property
+    def ended(self) -> bool:
+        """This run brought the action to an end (its follow-up is due)."""
+        return self.what in ("succeeded", "failed", "cancelled")
 
 
 def _job_nodes(job: TrainingJob) -> list[str] | None:
@@ -753,11 +735,11 @@ def action_execute(*, action_id: int) -> Outcome:
             Action.objects.filter(pk=action.pk, state=S.QUEUED).update(
                 blocked_by="pause", blocked_reason=held, deadline=now + timedelta(seconds=HOLD_S)
             )
-            return Outcome("held")
+            return Outcome("held", action=action)
         gone = guardrails.moved_on(action, ctx)
         if gone:
             action_transition(action=action, to=S.CANCELLED, actor="rebound:guardrail", why=gone)
-            return Outcome("cancelled")
+            return Outcome("cancelled", action=action)
         checks = (
             (guardrails.stale,)
             + (guardrails.AUTOMATIC if guardrails.automatic(action) else ())
@@ -766,13 +748,13 @@ def action_execute(*, action_id: int) -> Outcome:
         blocked = guardrails.first_block(action, ctx, checks)
         if blocked:
             _back_to_queue(action, actor="rebound:guardrail", name=blocked[0], why=blocked[1])
-            return Outcome("returned")
+            return Outcome("returned", action=action)
     waiting = _checkpoint_wait(action, now)
     if waiting:
         Action.objects.filter(pk=action.pk, state=S.QUEUED).update(
             deadline=now + timedelta(seconds=CHECKPOINT_POLL_S), output={"waiting_for": waiting}
         )
-        return Outcome("waiting")
+        return Outcome("waiting", action=action)
 
     limit = TIME_LIMITS_S[action.kind]
     claimed = action_transition(
@@ -803,7 +785,7 @@ def action_execute(*, action_id: int) -> Outcome:
                 error=str(exc),
                 deadline=timezone.now() + timedelta(seconds=wait + QUEUE_GRACE_S),
             )
-            return Outcome("retry", retry_in=wait)
+            return Outcome("retry", retry_in=wait, action=action)
         return _fail(action, f"gave up after {action.attempts} attempts: {exc}", exc)
     except Exception as exc:  # a driver's refusal, or a bug: the action fails, visibly
         if not isinstance(exc, DriverError):
@@ -825,7 +807,7 @@ def action_execute(*, action_id: int) -> Outcome:
             states = _apply_node_states(action)
             if states:
                 Action.objects.filter(pk=action.pk).update(output={**output, "node_states": states})
-    return Outcome("succeeded" if done else "skipped")
+    return Outcome("succeeded" if done else "skipped", action=action)
 
 
 def _fail(action: Action, error: str, exc: Exception) -> Outcome:
@@ -837,7 +819,7 @@ def _fail(action: Action, error: str, exc: Exception) -> Outcome:
         error=error,
         output=getattr(exc, "output", None) or {},
     )
-    return Outcome("failed" if done else "skipped")
+    return Outcome("failed" if done else "skipped", action=action)
 
 
 # --- the reconciler ------------------------------------------------------------------
@@ -848,6 +830,8 @@ class Reconciled:
     resent: list[int]
     requeued: list[int]
     failed: list[int]
+    # The rows moved, as left: for the caller to send what each now calls for.
+    actions: list[Action] = field(default_factory=list, repr=False)
 
 
 def actions_reconcile(*, now=None) -> Reconciled:
@@ -864,8 +848,8 @@ def actions_reconcile(*, now=None) -> Reconciled:
                 pk=action.pk, state=S.QUEUED, deadline=action.deadline
             ).update(deadline=now + timedelta(seconds=QUEUE_GRACE_S))
             if bumped:
-                _send_execute(action)
                 result.resent.append(action.pk)
+                result.actions.append(action)
         elif action.attempts >= MAX_ATTEMPTS:
             if action_transition(
                 action=action,
@@ -875,6 +859,7 @@ def actions_reconcile(*, now=None) -> Reconciled:
                 error="running past its deadline",
             ):
                 result.failed.append(action.pk)
+                result.actions.append(action)
         elif action_transition(
             action=action,
             to=S.QUEUED,
@@ -882,16 +867,5 @@ def actions_reconcile(*, now=None) -> Reconciled:
             why="running past its deadline (its worker was lost?): re-queued",
         ):
             result.requeued.append(action.pk)
+            result.actions.append(action)
     return result
-
-
-def actions_on_checkpoint(*, job_ids) -> list[int]:
-    """A job saved a checkpoint: its replacements waiting for one go now."""
-    waiting = Action.objects.filter(
-        job_id__in=list(job_ids), kind=K.REPLACE_AT_NEXT_CHECKPOINT, state=S.QUEUED
-    )
-    sent = []
-    for action in waiting:
-        _send_execute(action)
-        sent.append(action.pk)
-    return sent

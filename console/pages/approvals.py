@@ -6,7 +6,7 @@ from django.shortcuts import render
 from django.urls import path, reverse
 
 from console.pages.common import answer, can_operate, operator_post, viewer_page
-from recovery import selectors, services
+from recovery import queue, selectors, services
 from recovery.models import Action
 
 QUEUE_LIMIT = 25  # cards, each with its evidence; the count says how many more wait
@@ -69,6 +69,7 @@ def decide(request, pk):
         return answer(
             request, False, exc.detail, status=exc.status, back=back, error=exc.code, **extra
         )
+    queue.action_send(action)
     return answer(request, True, detail, back=back, state=action.state, action=action.pk)
 
 

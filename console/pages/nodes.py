@@ -15,7 +15,7 @@ from console.pages.common import answer, can_operate, operator_post, viewer_page
 from console.pages.overview import STATE_LABELS, node_states, segment
 from incidents.selectors import incident_list, node_list
 from jobs.models import Cluster, Node
-from recovery import services
+from recovery import queue, services
 from recovery.models import Action
 from recovery.selectors import node_actions, nodes_current_actions
 
@@ -156,6 +156,7 @@ def node_act(request, cluster, name):
             code=exc.code,
             **exc.extra,
         )
+    queue.action_send(action)
     return answer(request, True, outcome(action), back=back, action=action.pk, state=action.state)
 
 

@@ -18,7 +18,7 @@ from console.exceptions import ApiError
 from incidents.models import Incident
 from jobs.api.params import choice_param, id_param
 from jobs.models import Cluster, Node, TrainingJob
-from recovery import selectors, services
+from recovery import queue, selectors, services
 from recovery.api import serializers as s
 from recovery.drivers import driver_name
 from recovery.faults import FaultError, fault_inject
@@ -146,6 +146,7 @@ class ActionListView(generics.ListCreateAPIView):
             )
         except services.Refused as exc:
             raise _refused(exc) from exc
+        queue.action_send(action)
         response = _detail(action.pk)
         response.status_code = status.HTTP_201_CREATED
         return response
@@ -160,8 +161,9 @@ class ActionDetailView(APIView):
 
 
 class _DecisionView(APIView):
-    """A decision on an action by an operator: the form, the service, the action back.
-    Each decision names its service in `decide(action, request, comment)`."""
+    """A decision on an action by an operator: the form, the service, what its new state
+    calls for sent (recovery.queue), the action back. Each decision names its service
+    in `decide(action, request, comment)`, which returns the action as it left it."""
 
     required_role = "operator"
     parser_classes = [JSONParser]
@@ -171,9 +173,10 @@ class _DecisionView(APIView):
         form = self.form_class(data=request.data)
         form.is_valid(raise_exception=True)
         try:
-            self.decide(_action(pk), request, form.validated_data.get("comment", ""))
+            action = self.decide(_action(pk), request, form.validated_data.get("comment", ""))
         except services.Refused as exc:
             raise _refused(exc) from exc
+        queue.action_send(action)
         return _detail(pk)
 
 
@@ -186,7 +189,7 @@ class _DecisionView(APIView):
 )
 class ActionApproveView(_DecisionView):
     def decide(self, action, request, comment):
-        services.action_approve(
+        return services.action_approve(
             action=action, actor=_actor(request), user=_user(request), comment=comment
         )
 
@@ -202,7 +205,7 @@ class ActionRejectView(_DecisionView):
     form_class = s.RejectSerializer
 
     def decide(self, action, request, comment):
-        services.action_reject(
+        return services.action_reject(
             action=action, actor=_actor(request), user=_user(request), comment=comment
         )
 
@@ -216,7 +219,7 @@ class ActionRejectView(_DecisionView):
 )
 class ActionCancelView(_DecisionView):
     def decide(self, action, request, comment):
-        services.action_cancel(action=action, actor=_actor(request), comment=comment)
+        return services.action_cancel(action=action, actor=_actor(request), comment=comment)
 
 
 def _cluster(name) -> Cluster:
@@ -273,7 +276,7 @@ class ClusterResumeView(APIView):
     )
     def post(self, request, name):
         cluster = _cluster(name)
-        services.cluster_resume(cluster=cluster, actor=_actor(request))
+        queue.actions_send(services.cluster_resume(cluster=cluster, actor=_actor(request)))
         return _recovery_response(cluster)
 
 

@@ -419,7 +419,7 @@ def test_the_demos_straggler_after_its_job_completed(client, personas, nodes, jo
     assert "Blocked by moved_on: moved_on: job llm finished (completed)" in control
     assert "Blocked by</dt><dd>none" not in html
     assert 'Ranks restarting</dt><dd class="ranks">none: the job has finished' in html
-    tasks.expire_approvals()
+    tasks.approvals_retire()
     action.refresh_from_db()
     assert action.state == S.CANCELLED
     assert TimelineEntry.objects.filter(
