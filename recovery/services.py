@@ -30,12 +30,14 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from common.errors import AppError
 from incidents.models import Incident, TimelineEntry
 from jobs.models import Attempt, Checkpoint, Cluster, Node, TrainingJob
 from jobs.services import node_claim_spare, node_set_state
 from recovery import guardrails
 from recovery.drivers import DriverError, DriverTransientError, get_driver
 from recovery.drivers.noop import NoopDriver
+from recovery.errors import InvalidAction, OwnAction, Refused
 from recovery.models import Action, ActionAudit, ClusterRecoverySettings
 from recovery.policies import Rule, incident_trigger, policy_rules
 from recovery.selectors import action_is_own, cluster_settings
@@ -91,18 +93,6 @@ def backoff_s(attempts: int) -> float:
 NODE_KINDS = frozenset({K.CORDON_NODE, K.UNCORDON_NODE, K.DRAIN_NODE, K.VALIDATE_NODE})
 JOB_KINDS = frozenset({K.RESTART_JOB, K.ROLLBACK})
 JOB_AND_NODE_KINDS = frozenset({K.REPLACE_NODE, K.REPLACE_AT_NEXT_CHECKPOINT})
-
-
-class Refused(Exception):
-    """The request cannot be done as asked: `code` names why (own_action, lease,
-    guardrail, invalid_state, conflict, stale, invalid); `status` is its HTTP status."""
-
-    def __init__(self, code: str, detail: str, *, status: int = 409, **extra):
-        super().__init__(detail)
-        self.code = code
-        self.detail = detail
-        self.status = status
-        self.extra = extra
 
 
 class InvalidTransition(Exception):
@@ -202,7 +192,7 @@ def _lock_settings(cluster_id: int) -> ClusterRecoverySettings:
 
 def _validate(kind, cluster, node, job, params, incident) -> None:
     def invalid(field, detail):
-        raise Refused("invalid", detail, status=400, field=field)
+        raise InvalidAction(detail, field=field)
 
     if kind not in K.values:
         invalid("kind", f"kind must be one of {', '.join(K.values)}")
@@ -256,8 +246,9 @@ def action_propose(
 ) -> Action:
     """Records a proposed action and routes it: an automatic one that the guardrails
     allow is queued at once; any other waits for approval, with the guardrail that
-    stopped it named. Raises Refused: `invalid` (400), `lease` when another action
-    holds the node or job, `duplicate` when a policy already proposed it."""
+    stopped it named. Raises InvalidAction for a proposal that can never be made as
+    written, Refused `lease` when another action holds the node or job, `duplicate`
+    when a policy already proposed it."""
     params = dict(params or {})
     _validate(kind, cluster, node, job, params, incident)
     if kind == K.REPLACE_AT_NEXT_CHECKPOINT and job is not None:
@@ -283,16 +274,16 @@ def action_propose(
         ctx = guardrails.Context(cfg, now)
         held = guardrails.lease(action, ctx)
         if held:
-            raise Refused("lease", held, guardrail="lease")
+            raise Refused(held, code="lease", guardrail="lease")
         action.target_snapshot = guardrails.target_snapshot(action)
         try:
             with transaction.atomic():
                 action.save()
         except IntegrityError as exc:
             if dedup_key and Action.objects.filter(dedup_key=dedup_key).exists():
-                raise Refused("duplicate", f"already proposed ({dedup_key})") from exc
+                raise Refused(f"already proposed ({dedup_key})", code="duplicate") from exc
             raise Refused(
-                "lease", "lease: another action holds this target", guardrail="lease"
+                "lease: another action holds this target", code="lease", guardrail="lease"
             ) from exc
         _record(action, "", S.PROPOSED, actor=requested_by, why=reason or "proposed", at=now)
         if mode == Action.Mode.AUTO:
@@ -338,22 +329,22 @@ def action_approve(*, action: Action, actor: str, user=None, comment: str = "") 
     is queued at once, unless its target changed since it was proposed (then it is
     back in the queue, with the new state to approve, and Refused `stale` says so).
     Refused `guardrail` when another action holds the target (`lease`) or no spare
-    is left."""
+    is left; OwnAction for the requester."""
     action = _fresh(action)
     if action_is_own(action=action, user=user, actor=actor):
-        raise Refused(
-            "own_action",
-            f"{actor} requested action #{action.pk}; another operator must approve it.",
-            status=403,
+        raise OwnAction(
+            f"{actor} requested action #{action.pk}; another operator must approve it."
         )
     if action.state != S.AWAITING_APPROVAL:
-        raise Refused("invalid_state", f"action #{action.pk} is {action.state}, not awaiting")
+        raise Refused(
+            f"action #{action.pk} is {action.state}, not awaiting", code="invalid_state"
+        )
     ctx = guardrails.Context(cluster_settings(action.cluster_id), timezone.now())
     blocked = guardrails.decision_block(action, ctx)
     if blocked:
         name, why = blocked
         _retire(action, name=name, why=why)
-        raise Refused("guardrail", why, guardrail=name, state=action.state)
+        raise Refused(why, code="guardrail", guardrail=name, state=action.state)
     with transaction.atomic():
         try:
             done = action_transition(
@@ -367,17 +358,21 @@ def action_approve(*, action: Action, actor: str, user=None, comment: str = "") 
             )
         except IntegrityError as exc:  # the lease was taken since the check above
             raise Refused(
-                "guardrail", "lease: another action took this target; try again", guardrail="lease"
+                "lease: another action took this target; try again",
+                code="guardrail",
+                guardrail="lease",
             ) from exc
         if not done:
-            raise Refused("conflict", f"action #{action.pk} changed meanwhile; reload it")
+            raise Refused(f"action #{action.pk} changed meanwhile; reload it", code="conflict")
         stale = guardrails.stale(action, ctx)
         if stale:
             _back_to_queue(action, actor="rebound:guardrail", name="stale", why=stale)
         else:
             action_transition(action=action, to=S.QUEUED, actor=actor, why="approved")
     if stale:
-        raise Refused("stale", f"{stale}; it is back in the approval queue", action=action.pk)
+        raise Refused(
+            f"{stale}; it is back in the approval queue", code="stale", action=action.pk
+        )
     return action
 
 
@@ -411,11 +406,13 @@ def _retire(action: Action, *, name: str, why: str) -> bool:
 def action_reject(*, action: Action, actor: str, user=None, comment: str) -> Action:
     action = _fresh(action)
     if action.state != S.AWAITING_APPROVAL:
-        raise Refused("invalid_state", f"action #{action.pk} is {action.state}, not awaiting")
+        raise Refused(
+            f"action #{action.pk} is {action.state}, not awaiting", code="invalid_state"
+        )
     late = guardrails.expired(action, guardrails.Context(None, timezone.now()))
     if late:
         _retire(action, name="expired", why=late)
-        raise Refused("guardrail", late, guardrail="expired", state=action.state)
+        raise Refused(late, code="guardrail", guardrail="expired", state=action.state)
     if not action_transition(
         action=action,
         to=S.REJECTED,
@@ -425,18 +422,20 @@ def action_reject(*, action: Action, actor: str, user=None, comment: str) -> Act
         approved_by_user=user if getattr(user, "pk", None) else None,
         comment=comment,
     ):
-        raise Refused("conflict", f"action #{action.pk} changed meanwhile; reload it")
+        raise Refused(f"action #{action.pk} changed meanwhile; reload it", code="conflict")
     return action
 
 
 def action_cancel(*, action: Action, actor: str, comment: str = "") -> Action:
     action = _fresh(action)
     if S.CANCELLED not in TRANSITIONS.get(action.state, ()):
-        raise Refused("invalid_state", f"action #{action.pk} is {action.state}: too late to cancel")
+        raise Refused(
+            f"action #{action.pk} is {action.state}: too late to cancel", code="invalid_state"
+        )
     if not action_transition(
         action=action, to=S.CANCELLED, actor=actor, why=comment or "cancelled"
     ):
-        raise Refused("conflict", f"action #{action.pk} changed meanwhile; reload it")
+        raise Refused(f"action #{action.pk} changed meanwhile; reload it", code="conflict")
     return action
 
 
@@ -569,7 +568,7 @@ def incident_propose(*, incident: Incident) -> list[Action]:
                         dedup_key=f"incident:{incident.pk}:{rule.kind}:{node.pk if node else '-'}",
                     )
                     created.append(prior)
-                except Refused as exc:
+                except AppError as exc:  # refused (a lease, a duplicate) or invalid
                     logger.info(
                         "incident #%s: %s not proposed yet: %s", incident.pk, rule.kind, exc.detail
                     )

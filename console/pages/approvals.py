@@ -5,6 +5,8 @@ and still enforced by the service), and the actions decided lately, states live.
 from django.shortcuts import render
 from django.urls import path, reverse
 
+from common.api import status_of
+from common.errors import AppError
 from console.pages.common import answer, can_operate, operator_post, viewer_page
 from recovery import queue, selectors, services
 from recovery.models import Action
@@ -63,11 +65,11 @@ def decide(request, pk):
         else:
             detail = "Choose Approve or Reject."
             return answer(request, False, detail, status=400, back=back, error="invalid")
-    except services.Refused as exc:
+    except AppError as exc:  # the service's refusal, with the API's status
         state = Action.objects.filter(pk=pk).values_list("state", flat=True).first()
         extra = {"state": state, **exc.extra}
         return answer(
-            request, False, exc.detail, status=exc.status, back=back, error=exc.code, **extra
+            request, False, exc.detail, status=status_of(exc), back=back, error=exc.code, **extra
         )
     queue.action_send(action)
     return answer(request, True, detail, back=back, state=action.state, action=action.pk)

@@ -11,6 +11,8 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import path, reverse
 from django.utils import timezone
 
+from common.api import status_of
+from common.errors import AppError
 from console.pages.common import answer, can_operate, operator_post, viewer_page
 from console.pages.overview import STATE_LABELS, node_states, segment
 from incidents.selectors import incident_list, node_list
@@ -146,12 +148,12 @@ def node_act(request, cluster, name):
             requested_by_user=request.user,
             dry_run=False,
         )
-    except services.Refused as exc:
+    except AppError as exc:  # the service's refusal, with the API's status
         return answer(
             request,
             False,
             f"Refused ({exc.code}): {exc.detail}",
-            status=exc.status,
+            status=status_of(exc),
             back=back,
             code=exc.code,
             **exc.extra,
