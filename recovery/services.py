@@ -32,6 +32,7 @@ from django.utils import timezone
 
 from common.errors import AppError
 from incidents.models import Incident, TimelineEntry
+from incidents.services import timeline_entry_add
 from jobs.models import Attempt, Checkpoint, Cluster, Node, TrainingJob
 from jobs.services import node_claim_spare, node_set_state
 from recovery import guardrails
@@ -156,7 +157,7 @@ def _record(action: Action, frm: str, to: str, *, actor: str, why: str, at, data
     )
     if action.incident_id:
         move = f"{frm} → {to}" if frm else to
-        TimelineEntry.objects.create(
+        timeline_entry_add(
             incident_id=action.incident_id,
             kind=TimelineEntry.Kind.APPROVAL
             if to in APPROVAL_STATES
