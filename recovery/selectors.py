@@ -11,6 +11,11 @@ from django.utils import timezone
 
 from incidents.models import Incident, TimelineEntry
 from jobs.models import Attempt, Checkpoint, Node, RankWindow, TrainingJob
+from jobs.selectors import (
+    attempts_latest_first,
+    checkpoints_durable_latest_first,
+    job_latest_attempt,
+)
 from recovery import guardrails
 from recovery.models import Action, ActionAudit, ClusterRecoverySettings
 
@@ -77,11 +82,11 @@ def gpu_hours_at_stake(*, job: TrainingJob, from_step: int | None = None) -> dic
     """The progress a relaunch of the job throws away: its current launch's time
     since the checkpoint it would restart from (the latest durable one, or
     `from_step`'s), x the launch's world size."""
-    attempt = Attempt.objects.filter(job=job).order_by("-number").first()
-    ckpts = Checkpoint.objects.filter(job=job, durable=True).exclude(saved_at=None)
+    attempt = job_latest_attempt(job)
+    ckpts = checkpoints_durable_latest_first(job)
     if from_step is not None:
         ckpts = ckpts.filter(step=from_step)
-    ckpt = ckpts.order_by("-saved_at", "-step").first()
+    ckpt = ckpts.first()
     return stake_figures(job=job, attempt=attempt, checkpoint=ckpt)
 
 
@@ -121,7 +126,7 @@ def _jobs_on(node: Node) -> list[TrainingJob]:
     ).distinct()
     out = []
     for job in jobs:
-        latest = Attempt.objects.filter(job=job).order_by("-number").first()
+        latest = job_latest_attempt(job)
         if latest is not None and latest.nodes.filter(pk=node.pk).exists():
             out.append(job)
     return out
@@ -238,7 +243,7 @@ def _incident(incident: Incident) -> dict:
 
 
 def _job(job: TrainingJob) -> dict:
-    attempt = Attempt.objects.filter(job=job).order_by("-number").first()
+    attempt = job_latest_attempt(job)
     return {
         "key": job.key,
         "status": job.status,
@@ -360,11 +365,7 @@ def approval_queue(*, limit: int = 50) -> dict:
     watched = {a.node_id for a in actions if a.node_id and a.kind in (K.DRAIN_NODE, K.CORDON_NODE)}
     jobs_on: dict[int, set[int]] = defaultdict(set)
     if watched:
-        newest = (
-            Attempt.objects.filter(job_id=OuterRef("attempt__job_id"))
-            .order_by("-number")
-            .values("number")[:1]
-        )
+        newest = attempts_latest_first(OuterRef("attempt__job_id")).values("number")[:1]
         for node_id, job_id in Attempt.nodes.through.objects.filter(
             node_id__in=watched,
             attempt__job__status=TrainingJob.Status.RUNNING,
@@ -383,15 +384,8 @@ def approval_queue(*, limit: int = 50) -> dict:
     job_ids = {j for a in actions for j in affected(a)}
     jobs, attempts, attempt_nodes, ckpts, rollback_ckpts = {}, {}, defaultdict(list), {}, {}
     if job_ids:
-        latest_attempt = (
-            Attempt.objects.filter(job_id=OuterRef("pk")).order_by("-number").values("pk")[:1]
-        )
-        latest_ckpt = (
-            Checkpoint.objects.filter(job_id=OuterRef("pk"), durable=True)
-            .exclude(saved_at=None)
-            .order_by("-saved_at", "-step")
-            .values("pk")[:1]
-        )
+        latest_attempt = attempts_latest_first(OuterRef("pk")).values("pk")[:1]
+        latest_ckpt = checkpoints_durable_latest_first(OuterRef("pk")).values("pk")[:1]
         jobs = {
             j.pk: j
             for j in TrainingJob.objects.filter(pk__in=job_ids).annotate(

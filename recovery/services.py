@@ -33,7 +33,8 @@ from django.utils import timezone
 from common.errors import AppError
 from incidents.models import Incident, TimelineEntry
 from incidents.services import timeline_entry_add
-from jobs.models import Attempt, Checkpoint, Cluster, Node, TrainingJob
+from jobs.models import Cluster, Node, TrainingJob
+from jobs.selectors import checkpoints_durable_latest_first, job_latest_attempt
 from jobs.services import node_claim_spare, node_set_state
 from recovery import guardrails
 from recovery.drivers import DriverError, DriverTransientError, get_driver
@@ -309,13 +310,7 @@ def action_propose(
 
 
 def _latest_durable_step(job: TrainingJob) -> int | None:
-    return (
-        Checkpoint.objects.filter(job=job, durable=True)
-        .exclude(saved_at=None)
-        .order_by("-saved_at", "-step")
-        .values_list("step", flat=True)
-        .first()
-    )
+    return checkpoints_durable_latest_first(job).values_list("step", flat=True).first()
 
 
 # --- decisions -----------------------------------------------------------------------
@@ -333,13 +328,9 @@ def action_approve(*, action: Action, actor: str, user=None, comment: str = "") 
     is left; OwnAction for the requester."""
     action = _fresh(action)
     if action_is_own(action=action, user=user, actor=actor):
-        raise OwnAction(
-            f"{actor} requested action #{action.pk}; another operator must approve it."
-        )
+        raise OwnAction(f"{actor} requested action #{action.pk}; another operator must approve it.")
     if action.state != S.AWAITING_APPROVAL:
-        raise Refused(
-            f"action #{action.pk} is {action.state}, not awaiting", code="invalid_state"
-        )
+        raise Refused(f"action #{action.pk} is {action.state}, not awaiting", code="invalid_state")
     ctx = guardrails.Context(cluster_settings(action.cluster_id), timezone.now())
     blocked = guardrails.decision_block(action, ctx)
     if blocked:
@@ -371,9 +362,7 @@ def action_approve(*, action: Action, actor: str, user=None, comment: str = "") 
         else:
             action_transition(action=action, to=S.QUEUED, actor=actor, why="approved")
     if stale:
-        raise Refused(
-            f"{stale}; it is back in the approval queue", code="stale", action=action.pk
-        )
+        raise Refused(f"{stale}; it is back in the approval queue", code="stale", action=action.pk)
     return action
 
 
@@ -407,9 +396,7 @@ def _retire(action: Action, *, name: str, why: str) -> bool:
 def action_reject(*, action: Action, actor: str, user=None, comment: str) -> Action:
     action = _fresh(action)
     if action.state != S.AWAITING_APPROVAL:
-        raise Refused(
-            f"action #{action.pk} is {action.state}, not awaiting", code="invalid_state"
-        )
+        raise Refused(f"action #{action.pk} is {action.state}, not awaiting", code="invalid_state")
     late = guardrails.expired(action, guardrails.Context(None, timezone.now()))
     if late:
         _retire(action, name="expired", why=late)
@@ -504,9 +491,6 @@ def cluster_resume(*, cluster: Cluster, actor: str) -> list[Action]:
 
 # --- policies ------------------------------------------------------------------------
 
-OPEN = (Incident.State.OPEN, Incident.State.MITIGATING)
-FINISHED_JOB = (TrainingJob.Status.COMPLETED, TrainingJob.Status.FAILED)
-
 
 def _rule_targets(rule: Rule, incident: Incident, nodes: list[Node]):
     """(node, job, params) per action the rule proposes for the incident; empty when
@@ -514,17 +498,13 @@ def _rule_targets(rule: Rule, incident: Incident, nodes: list[Node]):
     job = incident.job
     if rule.kind in NODE_KINDS:
         return [(n, None, {}) for n in nodes]
-    if job.status in FINISHED_JOB:
+    if job.status in guardrails.FINISHED_JOB:
         return []
     if rule.kind == K.RESTART_JOB:
         return [(None, job, {})]
     if rule.kind == K.ROLLBACK:
-        step = (
-            Checkpoint.objects.filter(job=job, durable=True, saved_at__lte=incident.fault_at)
-            .order_by("-saved_at", "-step")
-            .values_list("step", flat=True)
-            .first()
-        )
+        before = checkpoints_durable_latest_first(job, saved_by=incident.fault_at)
+        step = before.values_list("step", flat=True).first()
         return [] if step is None else [(None, job, {"step": step})]
     if rule.kind in JOB_AND_NODE_KINDS:
         return [(n, job, {}) for n in nodes]
@@ -538,7 +518,7 @@ def incident_propose(*, incident: Incident) -> list[Action]:
     a rule's actions are proposed once the earlier rules' actions for this incident
     have succeeded. Safe to run again (each proposal happens once); it runs when
     the incident opens or changes, and when one of its actions ends."""
-    if incident.state not in OPEN:
+    if incident.state not in Incident.OPEN_STATES:
         return []
     trigger = incident_trigger(incident)
     rules = policy_rules(cluster_id=incident.cluster_id, job_id=incident.job_id, trigger=trigger)
@@ -596,7 +576,7 @@ def action_follow_up(*, action: Action) -> list[Action]:
         return []
     created = []
     incidents = (
-        Incident.objects.filter(where, state__in=OPEN)
+        Incident.objects.filter(where, state__in=Incident.OPEN_STATES)
         .select_related("job", "cluster")
         .distinct()
         .order_by("opened_at", "id")
@@ -626,7 +606,7 @@ class Outcome:
 
 
 def _job_nodes(job: TrainingJob) -> list[str] | None:
-    attempt = Attempt.objects.filter(job=job).order_by("-number").first()
+    attempt = job_latest_attempt(job)
     names = sorted(attempt.nodes.values_list("name", flat=True)) if attempt else []
     return names or None
 
