@@ -9,11 +9,11 @@ from common.api import status_of
 from common.errors import AppError
 from console.pages.common import answer, can_operate, operator_post, viewer_page
 from recovery import queue, selectors, services
+from recovery.api.serializers import COMMENT_MAX, DecisionSerializer, RejectSerializer
 from recovery.models import Action
 
 QUEUE_LIMIT = 25  # cards, each with its evidence; the count says how many more wait
 DECIDED_LIMIT = 50
-COMMENT_MAX = 2000  # as the REST API's DecisionSerializer
 OWN_ACTION = "you requested this; another operator must approve"
 
 
@@ -45,21 +45,24 @@ def decide(request, pk):
     if action is None:
         return answer(request, False, f"No action #{pk}.", status=404, back=back, error="not_found")
     decision = request.POST.get("decision", "")
-    comment = request.POST.get("comment", "").strip()
-    if len(comment) > COMMENT_MAX:
-        detail = f"The comment is too long (at most {COMMENT_MAX} characters)."
-        return answer(request, False, detail, status=400, back=back, error="invalid")
+    # The API's validator of the decision's body (a rejection must say why).
+    form_class = RejectSerializer if decision == "reject" else DecisionSerializer
+    form = form_class(data={"comment": request.POST.get("comment", "")})
+    if not form.is_valid():
+        if form.errors["comment"][0].code == "max_length":
+            detail = f"The comment is too long (at most {COMMENT_MAX} characters)."
+            return answer(request, False, detail, status=400, back=back, error="invalid")
+        detail = "Say why you reject it: a comment is required."
+        return answer(
+            request, False, detail, status=400, back=back, error="invalid", field="comment"
+        )
+    comment = form.validated_data.get("comment", "")
     actor, user = request.user.get_username(), request.user
     try:
         if decision == "approve":
             action = services.action_approve(action=action, actor=actor, user=user, comment=comment)
             detail = f"Approved: action #{pk} is {action.state.replace('_', ' ')}."
         elif decision == "reject":
-            if not comment:
-                detail = "Say why you reject it: a comment is required."
-                return answer(
-                    request, False, detail, status=400, back=back, error="invalid", field="comment"
-                )
             action = services.action_reject(action=action, actor=actor, user=user, comment=comment)
             detail = f"Rejected action #{pk}."
         else:

@@ -18,6 +18,7 @@ from console.pages.overview import STATE_LABELS, node_states, segment
 from incidents.selectors import incident_list, node_list
 from jobs.models import Cluster, Node
 from recovery import queue, services
+from recovery.api.serializers import REASON_MAX, ActionProposeSerializer
 from recovery.models import Action
 from recovery.selectors import node_actions, nodes_current_actions
 
@@ -25,7 +26,6 @@ PER_PAGE = 200
 ACTIONS_MAX = 50
 INCIDENTS_MAX = 25
 LAUNCHES_MAX = 25
-REASON_MAX = 2000  # as the API's ActionProposeSerializer
 
 # The manual actions a node page offers: kind -> button label.
 MANUAL = {
@@ -132,11 +132,15 @@ def node_act(request, cluster, name):
     kind = request.POST.get("kind", "")
     if kind not in MANUAL:
         return answer(request, False, "Unknown action for a node.", status=400, back=back)
-    reason = request.POST.get("reason", "").strip()
-    if not reason or len(reason) > REASON_MAX:
+    # The API's validator of a proposal (the cluster and node are the page's own).
+    form = ActionProposeSerializer(
+        data={"kind": kind, "reason": request.POST.get("reason", "")}, partial=True
+    )
+    if not form.is_valid():
         return answer(
             request, False, f"Say why (1 to {REASON_MAX} characters).", status=400, back=back
         )
+    reason = form.validated_data["reason"]
     try:
         action = services.action_propose(
             cluster=node.cluster,
