@@ -580,3 +580,8 @@ def actions_waiting_for_checkpoint(*, job_ids) -> list[Action]:
             job_id__in=list(job_ids), kind=K.REPLACE_AT_NEXT_CHECKPOINT, state=S.QUEUED
         )
     )
+
+
+def job_latest_durable_step(job: TrainingJob) -> int | None:
+    """The step of the checkpoint a relaunch of the job would restore."""
+    return checkpoints_durable_latest_first(job).values_list("step", flat=True).first()

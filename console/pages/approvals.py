@@ -19,16 +19,16 @@ OWN_ACTION = "you requested this; another operator must approve"
 
 @viewer_page
 def page(request):
-    queue = selectors.approval_queue(limit=QUEUE_LIMIT)
+    waiting = selectors.approval_queue(limit=QUEUE_LIMIT)
     operator = can_operate(request)
-    for item in queue["items"]:
+    for item in waiting["items"]:
         item["own"] = operator and selectors.action_is_own(action=item["action"], user=request.user)
     return render(
         request,
         "console/approvals.html",
         {
-            "items": queue["items"],
-            "total": queue["total"],
+            "items": waiting["items"],
+            "total": waiting["total"],
             "decided": selectors.approvals_decided(limit=DECIDED_LIMIT),
             "can_operate": operator,
             "own_reason": OWN_ACTION,
