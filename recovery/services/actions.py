@@ -67,7 +67,7 @@ JOB_AND_NODE_KINDS = frozenset({K.REPLACE_NODE, K.REPLACE_AT_NEXT_CHECKPOINT})
 
 
 class InvalidTransition(Exception):
-    pass
+    """A move the state machine does not have (a bug in the caller, not a race)."""
 
 
 def action_transition(

@@ -56,6 +56,8 @@ MAX_ATTEMPTS = 3
 
 
 def backoff_s(attempts: int) -> float:
+    """The wait before the next run after `attempts` runs ended in a transient driver
+    error: 5 s, 20 s, 80 s, ... at most 5 minutes."""
     return min(300.0, 5.0 * 4 ** max(0, attempts - 1))
 
 
