@@ -43,8 +43,7 @@ def api_error(status_code: int, code: str, detail: str, **extra) -> JsonResponse
 
 def api_exception_handler(exc, context):
     if isinstance(exc, errors.AppError):
-        code = getattr(exc, "status_code", None) or status_of(exc)
-        return Response(error_body(exc.code, exc.detail, **exc.extra), status=code)
+        return Response(error_body(exc.code, exc.detail, **exc.extra), status=status_of(exc))
     response = exception_handler(exc, context)
     if response is None:
         return None  # not DRF's: console.exceptions.ErrorAnswers answers it

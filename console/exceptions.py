@@ -16,7 +16,6 @@ from django.template.loader import render_to_string
 from django.urls import Resolver404, resolve
 from django.views import defaults
 
-from common import errors
 from common.api import api_error
 
 API_PREFIX = "/api/"
@@ -41,14 +40,6 @@ STATUS_CODES = {
 KEPT_HEADERS = ("Allow", "Retry-After", "WWW-Authenticate", "Vary")
 
 logger = logging.getLogger("django.request")
-
-
-class ApiError(errors.AppError):
-    """An error with its HTTP status, for code not yet raising `common.errors`."""
-
-    def __init__(self, status_code: int, code: str, detail: str, **extra):
-        super().__init__(detail, code=code, **extra)
-        self.status_code = status_code
 
 
 def is_api(request) -> bool:

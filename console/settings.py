@@ -271,8 +271,9 @@ CELERY_TASK_PUBLISH_RETRY_POLICY = {
 CELERY_BEAT_SCHEDULE = {
     "incidents-sweep": {"task": "incidents.sweep", "schedule": 15.0},  # SWEEP_EVERY_S
     # Actions stuck in queued or running past their deadline; approvals not given in time.
-    "recovery-reconcile": {"task": "recovery.reconcile", "schedule": 30.0},
-    "recovery-expire-approvals": {"task": "recovery.expire_approvals", "schedule": 60.0},
+    "recovery-reconcile": {"task": "recovery.actions_reconcile", "schedule": 30.0},
+    "recovery-expire-approvals": {"task": "recovery.approvals_expire", "schedule": 60.0},
+    "recovery-retire-approvals": {"task": "recovery.approvals_retire", "schedule": 60.0},
     # Work whose send failed or whose message the broker lost (common.outbox).
     "outbox-drain": {"task": "common.outbox_drain", "schedule": 5.0},
 }

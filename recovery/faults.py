@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from jobs.models import Cluster, TrainingJob
 from recovery.drivers import DriverError, DriverTransientError, get_driver
+from recovery.errors import FaultInvalid, FaultRefused
 
 audit = logging.getLogger("rebound.audit")
 
@@ -33,14 +34,6 @@ FAULTS: dict[str, Fault] = {
 }
 
 
-class FaultError(Exception):
-    """Not injected: `status` 400 (the request) or 409 (the cluster); `field` if one is at fault."""
-
-    def __init__(self, status: int, detail: str, field: str | None = None):
-        super().__init__(detail)
-        self.status, self.detail, self.field = status, detail, field
-
-
 def fault_inject(
     *,
     cluster: Cluster,
@@ -54,22 +47,24 @@ def fault_inject(
     from_step: int | None = None,
     kill: bool = False,
 ) -> dict:
-    """Inject `kind` (one of FAULTS) on the cluster; returns what the driver did."""
+    """Inject `kind` (one of FAULTS) on the cluster; returns what the driver did.
+    Raises FaultInvalid for a request asked wrongly, FaultRefused for one the cluster
+    cannot take."""
     fault = FAULTS.get(kind)
     if fault is None:
-        raise FaultError(400, f"unknown fault {kind!r}; one of {', '.join(FAULTS)}", "kind")
+        raise FaultInvalid(f"unknown fault {kind!r}; one of {', '.join(FAULTS)}", field="kind")
     given = {"job": job, "rank": rank, "node": node, "factor": factor, "xid": xid}
     given["from_step"] = from_step
     for name in fault.needs:
         if given[name] is None:
-            raise FaultError(400, f"a {kind} fault needs `{name}`", name)
+            raise FaultInvalid(f"a {kind} fault needs `{name}`", field=name)
     if job is not None and not TrainingJob.objects.filter(key=job, cluster=cluster).exists():
-        raise FaultError(400, f"no job {job} on cluster {cluster.name}", "job")
+        raise FaultInvalid(f"no job {job} on cluster {cluster.name}", field="job")
     if kind == "slow" and factor < 1:
-        raise FaultError(400, "a slow factor is at least 1 (1 is back to normal)", "factor")
+        raise FaultInvalid("a slow factor is at least 1 (1 is back to normal)", field="factor")
     driver = get_driver(cluster)
     if not hasattr(driver, "inject_fault"):
-        raise FaultError(409, f"the {driver.name} driver of {cluster.name} cannot inject faults")
+        raise FaultRefused(f"the {driver.name} driver of {cluster.name} cannot inject faults")
     params = {}
     if kind in ("nan", "spike"):
         params["from_step"] = from_step
@@ -80,7 +75,7 @@ def fault_inject(
     try:
         result = driver.inject_fault(kind, job=job, rank=rank, node=node, **params)
     except (DriverError, DriverTransientError) as exc:
-        raise FaultError(409, str(exc)) from exc
+        raise FaultRefused(str(exc)) from exc
     audit.info(
         "fault %s injected on cluster %s by %s (job %s, rank %s, node %s, %s)",
         kind,

@@ -35,6 +35,7 @@ from django.db.models import Count, OuterRef, Q, Subquery
 
 from incidents.models import Incident
 from jobs.models import Attempt, Node, TrainingJob
+from jobs.selectors import attempts_latest_first
 from recovery.models import Action, ClusterRecoverySettings
 
 K = Action.Kind
@@ -66,7 +67,6 @@ UNHEALTHY_NODE_STATES = (
     Node.State.DRAINING,
     Node.State.IN_REPAIR,
 )
-OPEN_INCIDENT = Incident.OPEN_STATES
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ class Facts:
         ids = {a.job_id for a in self.actions if a.job_id}
         if not ids:
             return {}
-        latest = Attempt.objects.filter(job_id=OuterRef("pk")).order_by("-number")
+        latest = attempts_latest_first(OuterRef("pk"))
         rows = list(
             TrainingJob.objects.filter(pk__in=ids)
             .annotate(
@@ -380,7 +380,7 @@ def crash_loop(action: Action, ctx: Context) -> str | None:
     if action.kind not in RESTARTS or not action.job_id or not automatic(action):
         return None
     loop = Incident.objects.filter(
-        job_id=action.job_id, fault_type="crash_loop", state__in=OPEN_INCIDENT
+        job_id=action.job_id, fault_type="crash_loop", state__in=Incident.OPEN_STATES
     ).first()
     if loop is None:
         return None
@@ -456,12 +456,8 @@ def target_snapshot(action: Action) -> dict:
             0
         ]
     if action.job_id:
-        snap["job_attempt"] = (
-            Attempt.objects.filter(job_id=action.job_id)
-            .order_by("-number")
-            .values_list("number", flat=True)
-            .first()
-        )
+        launches = attempts_latest_first(action.job_id)
+        snap["job_attempt"] = launches.values_list("number", flat=True).first()
     return snap
 
 

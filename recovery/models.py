@@ -3,7 +3,7 @@ remediation policies, and each cluster's recovery settings (driver, pause switch
 guardrail limits).
 
 The Action row is the truth. Its state moves only through
-`recovery.services.action_transition` (a conditional UPDATE, audited); the
+`recovery.services.actions.action_transition` (a conditional UPDATE, audited); the
 partial unique constraints on LEASE_STATES are the per-node and per-job lease: at
 most one action at a time is decided to touch a node or a job.
 """

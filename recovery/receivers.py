@@ -1,29 +1,26 @@
 """How recovery hears of the apps to its left: incidents opening or changing, and
-jobs saving checkpoints. Receivers only hand ids to Celery, once committed."""
+jobs saving checkpoints. Receivers only hand ids to Celery (recovery.queue), once
+committed."""
 
-from django.db import transaction
-
-from recovery.guardrails import OPEN_INCIDENT
+from incidents.models import Incident
+from recovery import queue
+from recovery.selectors import actions_waiting_for_checkpoint
 
 
 def on_incident_opened(sender, incident, **kwargs):
-    from recovery.tasks import propose_for_incident
-
-    pk = incident.pk
-    transaction.on_commit(lambda: propose_for_incident.delay(pk), robust=True)
+    queue.incident_propose_send(incident.pk)
 
 
 def on_incident_updated(sender, incident, **kwargs):
     """Its cause or nodes may have changed (a hardware Xid named after the crash):
     what the policies say may have changed too. Closed incidents propose nothing."""
-    if incident.state in OPEN_INCIDENT:
+    if incident.state in Incident.OPEN_STATES:
         on_incident_opened(sender, incident)
 
 
 def on_events_stored(sender, job_ids, kinds, **kwargs):
     """A checkpoint was saved: replacements waiting for one may go."""
-    from recovery.services import actions_on_checkpoint
-
     saved = [j for j in job_ids if "checkpoint_saved" in kinds.get(j, ())]
     if saved:
-        actions_on_checkpoint(job_ids=saved)
+        for action in actions_waiting_for_checkpoint(job_ids=saved):
+            queue.action_execute_send(action)

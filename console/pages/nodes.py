@@ -11,11 +11,14 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import path, reverse
 from django.utils import timezone
 
+from common.api import status_of
+from common.errors import AppError
 from console.pages.common import answer, can_operate, operator_post, viewer_page
 from console.pages.overview import STATE_LABELS, node_states, segment
 from incidents.selectors import incident_list, node_list
 from jobs.models import Cluster, Node
-from recovery import services
+from recovery import queue, services
+from recovery.api.serializers import REASON_MAX, ActionProposeSerializer
 from recovery.models import Action
 from recovery.selectors import node_actions, nodes_current_actions
 
@@ -23,7 +26,6 @@ PER_PAGE = 200
 ACTIONS_MAX = 50
 INCIDENTS_MAX = 25
 LAUNCHES_MAX = 25
-REASON_MAX = 2000  # as the API's ActionProposeSerializer
 
 # The manual actions a node page offers: kind -> button label.
 MANUAL = {
@@ -130,11 +132,15 @@ def node_act(request, cluster, name):
     kind = request.POST.get("kind", "")
     if kind not in MANUAL:
         return answer(request, False, "Unknown action for a node.", status=400, back=back)
-    reason = request.POST.get("reason", "").strip()
-    if not reason or len(reason) > REASON_MAX:
+    # The API's validator of a proposal (the cluster and node are the page's own).
+    form = ActionProposeSerializer(
+        data={"kind": kind, "reason": request.POST.get("reason", "")}, partial=True
+    )
+    if not form.is_valid():
         return answer(
             request, False, f"Say why (1 to {REASON_MAX} characters).", status=400, back=back
         )
+    reason = form.validated_data["reason"]
     try:
         action = services.action_propose(
             cluster=node.cluster,
@@ -146,16 +152,17 @@ def node_act(request, cluster, name):
             requested_by_user=request.user,
             dry_run=False,
         )
-    except services.Refused as exc:
+    except AppError as exc:  # the service's refusal, with the API's status
         return answer(
             request,
             False,
             f"Refused ({exc.code}): {exc.detail}",
-            status=exc.status,
+            status=status_of(exc),
             back=back,
             code=exc.code,
             **exc.extra,
         )
+    queue.action_send(action)
     return answer(request, True, outcome(action), back=back, action=action.pk, state=action.state)
 
 

@@ -1,5 +1,9 @@
 """Action serializers: the approval queue's rows, an action's evidence and audit trail,
-and the bodies of the commands (propose, approve, reject, cancel, pause)."""
+and the bodies of the commands (propose, approve, reject, cancel, pause).
+
+The command serializers are the one validator of each command: the console's forms
+(console/pages/approvals.py, nodes.py) validate with them too, and word their
+errors for people with the limits below."""
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -8,6 +12,10 @@ from incidents.models import Incident
 from jobs.models import Node, TrainingJob
 from recovery.models import Action, ActionAudit, ClusterRecoverySettings
 from recovery.policies import TRIGGERS
+
+REASON_MAX = 2000  # why an action is proposed
+COMMENT_MAX = 2000  # a decision's comment
+PAUSE_REASON_MAX = 500  # why a cluster's recovery is paused
 
 
 class ActionSerializer(serializers.ModelSerializer):
@@ -145,21 +153,21 @@ class ActionProposeSerializer(serializers.Serializer):
         help_text="rollback: {step}; scale_down: {nodes: [...]};"
         " replace_at_next_checkpoint: {max_wait_s}",
     )
-    reason = serializers.CharField(max_length=2000)
+    reason = serializers.CharField(max_length=REASON_MAX)
     incident = serializers.IntegerField(required=False, allow_null=True)
     dry_run = serializers.BooleanField(default=False)
 
 
 class DecisionSerializer(serializers.Serializer):
-    comment = serializers.CharField(max_length=2000, required=False, allow_blank=True)
+    comment = serializers.CharField(max_length=COMMENT_MAX, required=False, allow_blank=True)
 
 
 class RejectSerializer(serializers.Serializer):
-    comment = serializers.CharField(max_length=2000, help_text="why not")
+    comment = serializers.CharField(max_length=COMMENT_MAX, help_text="why not")
 
 
 class PauseSerializer(serializers.Serializer):
-    reason = serializers.CharField(max_length=500)
+    reason = serializers.CharField(max_length=PAUSE_REASON_MAX)
 
 
 class PolicyRuleSerializer(serializers.Serializer):

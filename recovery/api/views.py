@@ -14,14 +14,14 @@ from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from common.errors import NotFound
 from common.params import choice_param, id_param
-from console.exceptions import ApiError
 from incidents.models import Incident
 from jobs.models import Cluster, Node, TrainingJob
-from recovery import selectors, services
+from recovery import queue, selectors, services
 from recovery.api import serializers as s
 from recovery.drivers import driver_name
-from recovery.faults import FaultError, fault_inject
+from recovery.faults import fault_inject
 from recovery.models import Action
 from recovery.policies import policy_table
 
@@ -33,10 +33,6 @@ def _actor(request) -> str:
 def _user(request):
     """The Django user behind the request, None for a token without one."""
     return request.user if getattr(request.user, "pk", None) else None
-
-
-def _refused(exc: services.Refused) -> ApiError:
-    return ApiError(exc.status, exc.code, exc.detail, **exc.extra)
 
 
 def _detail(pk) -> Response:
@@ -113,39 +109,33 @@ class ActionListView(generics.ListCreateAPIView):
         data = form.validated_data
         cluster = Cluster.objects.filter(name=data["cluster"]).first()
         if cluster is None:
-            raise ApiError(
-                404, "not_found", f"No such cluster: {data['cluster']}.", field="cluster"
-            )
+            raise NotFound(f"No such cluster: {data['cluster']}.", field="cluster")
         node = job = incident = None
         if data.get("node"):
             node = Node.objects.filter(cluster=cluster, name=data["node"]).first()
             if node is None:
-                raise ApiError(
-                    404, "not_found", f"No node {data['node']} in {cluster}.", field="node"
-                )
+                raise NotFound(f"No node {data['node']} in {cluster}.", field="node")
         if data.get("job"):
             job = TrainingJob.objects.filter(key=data["job"]).first()
             if job is None:
-                raise ApiError(404, "not_found", f"No such job: {data['job']}.", field="job")
+                raise NotFound(f"No such job: {data['job']}.", field="job")
         if data.get("incident") is not None:
             incident = Incident.objects.filter(pk=data["incident"]).first()
             if incident is None:
-                raise ApiError(404, "not_found", "No such incident.", field="incident")
-        try:
-            action = services.action_propose(
-                cluster=cluster,
-                kind=data["kind"],
-                node=node,
-                job=job,
-                params=data.get("params") or {},
-                incident=incident,
-                reason=data["reason"],
-                requested_by=_actor(request),
-                requested_by_user=_user(request),
-                dry_run=data["dry_run"],
-            )
-        except services.Refused as exc:
-            raise _refused(exc) from exc
+                raise NotFound("No such incident.", field="incident")
+        action = services.action_propose(
+            cluster=cluster,
+            kind=data["kind"],
+            node=node,
+            job=job,
+            params=data.get("params") or {},
+            incident=incident,
+            reason=data["reason"],
+            requested_by=_actor(request),
+            requested_by_user=_user(request),
+            dry_run=data["dry_run"],
+        )
+        queue.action_send(action)
         response = _detail(action.pk)
         response.status_code = status.HTTP_201_CREATED
         return response
@@ -160,8 +150,9 @@ class ActionDetailView(APIView):
 
 
 class _DecisionView(APIView):
-    """A decision on an action by an operator: the form, the service, the action back.
-    Each decision names its service in `decide(action, request, comment)`."""
+    """A decision on an action by an operator: the form, the service, what its new state
+    calls for sent (recovery.queue), the action back. Each decision names its service
+    in `decide(action, request, comment)`, which returns the action as it left it."""
 
     required_role = "operator"
     parser_classes = [JSONParser]
@@ -170,10 +161,8 @@ class _DecisionView(APIView):
     def post(self, request, pk):
         form = self.form_class(data=request.data)
         form.is_valid(raise_exception=True)
-        try:
-            self.decide(_action(pk), request, form.validated_data.get("comment", ""))
-        except services.Refused as exc:
-            raise _refused(exc) from exc
+        action = self.decide(_action(pk), request, form.validated_data.get("comment", ""))
+        queue.action_send(action)
         return _detail(pk)
 
 
@@ -186,7 +175,7 @@ class _DecisionView(APIView):
 )
 class ActionApproveView(_DecisionView):
     def decide(self, action, request, comment):
-        services.action_approve(
+        return services.action_approve(
             action=action, actor=_actor(request), user=_user(request), comment=comment
         )
 
@@ -202,7 +191,7 @@ class ActionRejectView(_DecisionView):
     form_class = s.RejectSerializer
 
     def decide(self, action, request, comment):
-        services.action_reject(
+        return services.action_reject(
             action=action, actor=_actor(request), user=_user(request), comment=comment
         )
 
@@ -216,7 +205,7 @@ class ActionRejectView(_DecisionView):
 )
 class ActionCancelView(_DecisionView):
     def decide(self, action, request, comment):
-        services.action_cancel(action=action, actor=_actor(request), comment=comment)
+        return services.action_cancel(action=action, actor=_actor(request), comment=comment)
 
 
 def _cluster(name) -> Cluster:
@@ -273,7 +262,7 @@ class ClusterResumeView(APIView):
     )
     def post(self, request, name):
         cluster = _cluster(name)
-        services.cluster_resume(cluster=cluster, actor=_actor(request))
+        queue.actions_send(services.cluster_resume(cluster=cluster, actor=_actor(request)))
         return _recovery_response(cluster)
 
 
@@ -297,9 +286,5 @@ class ClusterFaultView(APIView):
         cluster = _cluster(name)
         form = s.FaultSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        try:
-            done = fault_inject(cluster=cluster, actor=_actor(request), **form.validated_data)
-        except FaultError as exc:
-            extra = {"field": exc.field} if exc.field else {}
-            raise ApiError(exc.status, "fault_refused", exc.detail, **extra) from exc
+        done = fault_inject(cluster=cluster, actor=_actor(request), **form.validated_data)
         return Response(done)

@@ -212,7 +212,12 @@ def test_ones_own_approval_is_refused_by_the_server(client, personas, waiting):
 def test_reject_needs_a_comment(client, personas, waiting, operator2):
     r = decide(client, operator2, waiting, "reject", "   ")
     assert r.status_code == 400
-    assert (r.json()["error"], r.json()["field"]) == ("invalid", "comment")
+    assert r.json() == {
+        "ok": False,
+        "detail": "Say why you reject it: a comment is required.",
+        "error": "invalid",
+        "field": "comment",
+    }
     waiting.refresh_from_db()
     assert waiting.state == S.AWAITING_APPROVAL
     r = decide(client, operator2, waiting, "reject", "the node came back")
@@ -222,6 +227,31 @@ def test_reject_needs_a_comment(client, personas, waiting, operator2):
     # Decided, it cannot be decided again.
     r = decide(client, operator2, waiting, "approve")
     assert r.status_code == 409 and r.json()["error"] == "invalid_state"
+
+
+@pytest.mark.parametrize("decision", ["approve", "reject", "maybe"])
+def test_a_comment_longer_than_the_apis_limit_is_refused(client, waiting, operator2, decision):
+    """The page checks a decision's body with the API's validator (its limit, 2000)."""
+    r = decide(client, operator2, waiting, decision, "x" * 2001)
+    assert (r.status_code, r.json()) == (
+        400,
+        {
+            "ok": False,
+            "detail": "The comment is too long (at most 2000 characters).",
+            "error": "invalid",
+        },
+    )
+    r = decide(client, operator2, waiting, "maybe", "x" * 2000)
+    assert (r.status_code, r.json()) == (
+        400,
+        {"ok": False, "detail": "Choose Approve or Reject.", "error": "invalid"},
+    )
+    waiting.refresh_from_db()
+    assert waiting.state == S.AWAITING_APPROVAL
+    r = decide(client, operator2, waiting, "reject", "  " + "x" * 2000 + "  ")  # trimmed
+    assert r.status_code == 200 and r.json()["state"] == "rejected"
+    waiting.refresh_from_db()
+    assert waiting.comment == "x" * 2000
 
 
 def test_a_guardrail_refusal_is_a_clear_answer(client, personas, waiting, operator2, nodes, job):
@@ -424,7 +454,7 @@ def test_the_demos_straggler_after_its_job_completed(client, personas, nodes, jo
     assert "Blocked by moved_on: moved_on: job llm finished (completed)" in control
     assert "Blocked by</dt><dd>none" not in html
     assert 'Ranks restarting</dt><dd class="ranks">none: the job has finished' in html
-    tasks.expire_approvals()
+    tasks.approvals_retire()
     action.refresh_from_db()
     assert action.state == S.CANCELLED
     assert TimelineEntry.objects.filter(

@@ -287,7 +287,7 @@ def test_pause_and_resume(personas, nodes, job, noop, run_on_commit):
     assert body["policies"]["crash"] == [
         {"kind": "restart_job", "mode": "auto", "source": "default"}
     ]
-    from recovery import services
+    from recovery import queue, services
 
     # Automatic proposals wait for approval, naming the pause; approved ones are held.
     with run_on_commit():
@@ -301,7 +301,7 @@ def test_pause_and_resume(personas, nodes, job, noop, run_on_commit):
         )
     assert (auto.state, auto.blocked_by) == (S.AWAITING_APPROVAL, "pause")
     with run_on_commit():
-        services.action_approve(action=auto, actor="operator")
+        queue.action_send(services.action_approve(action=auto, actor="operator"))
     auto.refresh_from_db()
     assert (auto.state, auto.blocked_by) == (S.QUEUED, "pause")
     assert noop.calls == []

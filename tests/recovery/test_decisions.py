@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from incidents.models import Incident, TimelineEntry
 from jobs.models import Cluster, Node, RankWindow, TrainingJob
-from recovery import services, tasks
+from recovery import queue, services, tasks
 from recovery.models import Action
 from tests.recovery.conftest import T0, audit_moves, make_incident, make_job
 
@@ -155,13 +155,13 @@ def test_the_expiry_task_retires_approvals_whose_target_moved_on(
     waiting = services.action_propose(
         cluster=cluster, kind="cordon_node", node=nodes["n06"], reason="t", requested_by="op"
     )
-    tasks.expire_approvals()
+    tasks.approvals_expire(), tasks.approvals_retire()
     assert Action.objects.filter(state=S.CANCELLED).count() == 0  # nothing moved on yet
 
     TrainingJob.objects.filter(pk=job.pk).update(status=TrainingJob.Status.COMPLETED)
     Node.objects.filter(pk=nodes["n05"].pk).update(state=Node.State.IN_REPAIR)
-    tasks.expire_approvals()
-    tasks.expire_approvals()  # a second run finds nothing more
+    tasks.approvals_retire()
+    tasks.approvals_retire()  # a second run finds nothing more
     action.refresh_from_db(), drained.refresh_from_db(), waiting.refresh_from_db()
     assert (action.state, drained.state, waiting.state) == (
         S.CANCELLED,
@@ -253,6 +253,7 @@ def test_a_replacement_names_the_spare_it_used(personas, cluster, job, nodes, ru
             requested_by="policy:t",
             mode="auto",
         )
+        queue.action_send(action)
     action.refresh_from_db()
     assert action.state == S.SUCCEEDED
     assert action.output["spare"] == "s1"

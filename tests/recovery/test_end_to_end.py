@@ -20,7 +20,7 @@ pytest.importorskip("torch")
 
 from incidents.models import Incident
 from jobs.models import Cluster, Event, Node, StepRecord
-from recovery import services
+from recovery import queue, services
 from recovery.models import Action, ClusterRecoverySettings
 from tests.live import TRAIN, stored_step, until
 from tests.processes import celery_worker
@@ -137,7 +137,10 @@ def test_a_worker_killed_mid_action_ends_it_once(driven, personas, operator2):
             reason="test",
             requested_by="operator",
         )
-        services.action_approve(action=action, actor=operator2.user.username, user=operator2.user)
+        action = services.action_approve(
+            action=action, actor=operator2.user.username, user=operator2.user
+        )
+        queue.action_send(action)
         until(lambda: Action.objects.get(pk=action.pk).state == S.RUNNING, "the drain to run")
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait()
@@ -145,7 +148,9 @@ def test_a_worker_killed_mid_action_ends_it_once(driven, personas, operator2):
     assert stuck.state == S.RUNNING  # its worker is gone
     with celery_worker():
         later = stuck.deadline + timedelta(seconds=1)
-        assert services.actions_reconcile(now=max(later, timezone.now())).requeued == [action.pk]
+        result = services.actions_reconcile(now=max(later, timezone.now()))
+        assert result.requeued == [action.pk]
+        queue.actions_send(result.actions)  # as the beat task does
         action = until(lambda: ended(action.pk), "the drain to end", timeout_s=60)
     assert action.state == S.SUCCEEDED, (action.error, action.output)
     assert action.attempts == 2

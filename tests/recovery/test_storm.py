@@ -59,7 +59,7 @@ def test_a_storm_of_hardware_faults_isolates_at_most_the_allowed_share(
 
 
 def test_a_person_may_approve_isolations_during_a_storm(cluster, big, noop, run_on_commit):
-    from recovery import services
+    from recovery import queue, services
 
     for i in range(3):
         job = make_job(cluster, big, key=f"job{i}", on=(f"g{i:02d}",), world_size=8)
@@ -70,7 +70,10 @@ def test_a_person_may_approve_isolations_during_a_storm(cluster, big, noop, run_
     [waiting] = Action.objects.filter(state=S.AWAITING_APPROVAL, kind="cordon_node")
     assert waiting.blocked_by == "storm"
     with run_on_commit():
-        services.action_approve(action=waiting, actor="operator2", comment="checked: bad GPU")
+        approved = services.action_approve(
+            action=waiting, actor="operator2", comment="checked: bad GPU"
+        )
+        queue.action_send(approved)
     waiting.refresh_from_db()
     assert waiting.state == S.SUCCEEDED
 

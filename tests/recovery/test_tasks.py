@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from jobs.models import Node, TrainingJob
 from jobs.signals import events_stored
-from recovery import services, tasks
+from recovery import queue, services, tasks
 from recovery.drivers import DriverError, DriverTransientError
 from recovery.models import Action
 from tests.factories import AttemptFactory, CheckpointFactory
@@ -31,8 +31,8 @@ def queued(cluster, kind="cordon_node", **target):
 
 def test_execute_twice_does_it_once(cluster, nodes, noop):
     action = queued(cluster, node=nodes["n01"])
-    tasks.execute_action(action.pk)
-    tasks.execute_action(action.pk)
+    tasks.action_execute(action.pk)
+    tasks.action_execute(action.pk)
     action.refresh_from_db()
     assert action.state == S.SUCCEEDED and action.attempts == 1
     assert len(noop.calls) == 1
@@ -53,7 +53,8 @@ def test_execute_of_an_action_not_queued_does_nothing(cluster, nodes, noop):
 def test_a_transient_error_is_retried_with_backoff(cluster, nodes, noop, run_on_commit):
     noop.errors.append(DriverTransientError("scheduler busy"))
     with run_on_commit():
-        action = queued(cluster, node=nodes["n01"])
+        queue.action_send(queued(cluster, node=nodes["n01"]))
+    action = Action.objects.get()
     action.refresh_from_db()
     assert action.state == S.SUCCEEDED and action.attempts == 2
     assert len(noop.calls) == 2
@@ -65,7 +66,8 @@ def test_a_transient_error_is_retried_with_backoff(cluster, nodes, noop, run_on_
 def test_transient_errors_give_up_after_max_attempts(cluster, nodes, noop, run_on_commit):
     noop.errors.extend(DriverTransientError("down") for _ in range(5))
     with run_on_commit():
-        action = queued(cluster, node=nodes["n01"])
+        queue.action_send(queued(cluster, node=nodes["n01"]))
+    action = Action.objects.get()
     action.refresh_from_db()
     assert (action.state, action.attempts) == (S.FAILED, services.MAX_ATTEMPTS)
     assert action.error == "gave up after 3 attempts: down"
@@ -121,6 +123,7 @@ def test_the_reconciler_requeues_a_row_stuck_running(cluster, nodes, noop, run_o
     assert services.actions_reconcile().requeued == []  # not yet past its deadline
     with run_on_commit():
         result = services.actions_reconcile(now=timezone.now() + timedelta(seconds=61))
+        queue.actions_send(result.actions)  # as the beat task does
     assert result.requeued == [action.pk]
     action.refresh_from_db()
     assert (action.state, action.attempts) == (S.SUCCEEDED, 2)
@@ -145,11 +148,13 @@ def test_the_reconciler_sends_a_stuck_queued_row_again(cluster, nodes, noop, run
     action = queued(cluster, node=nodes["n01"])  # its message was lost: never run
     later = timezone.now() + timedelta(seconds=services.QUEUE_GRACE_S + 1)
     with run_on_commit():
-        assert services.actions_reconcile(now=later).resent == [action.pk]
+        result = services.actions_reconcile(now=later)
+        queue.actions_send(result.actions)
+    assert result.resent == [action.pk]
     action.refresh_from_db()
     assert action.state == S.SUCCEEDED and len(noop.calls) == 1
     with run_on_commit():
-        tasks.reconcile()  # the beat task: nothing left
+        tasks.actions_reconcile()  # the beat task: nothing left
     assert len(noop.calls) == 1
 
 
@@ -159,8 +164,8 @@ def test_approvals_expire(cluster, nodes):
     )
     assert services.approvals_expire() == []
     Action.objects.filter(pk=action.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
-    tasks.expire_approvals()
-    tasks.expire_approvals()
+    tasks.approvals_expire()
+    tasks.approvals_expire()
     action.refresh_from_db()
     assert action.state == S.EXPIRED and action.finished_at is not None
     [entry] = action.audit.filter(to_state=S.EXPIRED)
@@ -188,7 +193,7 @@ def test_a_replacement_waits_for_the_next_checkpoint(cluster, nodes, job, noop, 
         requested_by="operator",
     )
     with run_on_commit():
-        services.action_approve(action=action, actor="operator2")
+        queue.action_send(services.action_approve(action=action, actor="operator2"))
     action.refresh_from_db()
     assert action.state == S.QUEUED
     assert action.output == {"waiting_for": "a durable checkpoint after step 80"}

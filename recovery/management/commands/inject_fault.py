@@ -9,7 +9,8 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs.models import Cluster
-from recovery.faults import FAULTS, FaultError, fault_inject
+from recovery.errors import FaultInvalid, FaultRefused
+from recovery.faults import FAULTS, fault_inject
 
 
 class Command(BaseCommand):
@@ -45,6 +46,6 @@ class Command(BaseCommand):
                 from_step=o["from_step"],
                 kill=o["kill"],
             )
-        except FaultError as exc:
+        except (FaultInvalid, FaultRefused) as exc:
             raise CommandError(exc.detail) from exc
         self.stdout.write(json.dumps(done))

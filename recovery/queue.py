@@ -1,0 +1,56 @@
+"""The one place that sends the recovery app's Celery tasks.
+
+Services record and never send. Their callers (the API views, the pages, the
+tasks, the receivers) call these afterwards; each task is sent once the caller's
+transaction commits, so that the worker finds the row as committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.db import transaction
+
+from recovery import services, tasks
+from recovery.models import Action
+
+
+def action_execute_send(action: Action, *, countdown: float | None = None) -> None:
+    """Run a queued action, with its kind's time limit; `countdown`: not before then
+    (a retry's backoff)."""
+    limit = services.TIME_LIMITS_S[action.kind]
+    pk = action.pk
+    transaction.on_commit(
+        lambda: tasks.action_execute.apply_async(
+            (pk,),
+            countdown=countdown,
+            soft_time_limit=limit,
+            time_limit=limit + services.DEADLINE_GRACE_S,
+        ),
+        robust=True,
+    )
+
+
+def action_follow_up_send(action_id: int) -> None:
+    """An action ended: the open incidents around it may propose their next step."""
+    transaction.on_commit(lambda: tasks.action_follow_up.delay(action_id), robust=True)
+
+
+def incident_propose_send(incident_id: int) -> None:
+    """An incident opened or changed: propose what the policies say."""
+    transaction.on_commit(lambda: tasks.incident_propose.delay(incident_id), robust=True)
+
+
+def action_send(action: Action) -> None:
+    """What the action's state, as a service just left it, calls for: a queued action
+    is executed, an ended one followed up; any other waits (for a person, or for the
+    reconciler)."""
+    if action.state == Action.State.QUEUED:
+        action_execute_send(action)
+    elif action.state in Action.TERMINAL_STATES:
+        action_follow_up_send(action.pk)
+
+
+def actions_send(actions: Iterable[Action]) -> None:
+    for action in actions:
+        action_send(action)
