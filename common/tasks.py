@@ -2,11 +2,11 @@
 
 from celery import shared_task
 
-from common.outbox import outbox_drain
+from common import outbox
 
 
 @shared_task(name="common.outbox_drain", time_limit=60, ignore_result=True)
-def drain_outbox() -> None:
+def outbox_drain() -> None:
     """Send what the outbox still holds past its time (beat runs it; the worker
     also drains at each (re)connection to the broker)."""
-    outbox_drain()
+    outbox.outbox_drain()

@@ -13,6 +13,7 @@ from django.utils import timezone
 from incidents.detectors.ranks import rank_scores
 from incidents.models import Incident, TimelineEntry
 from jobs.models import Attempt, Node, RankWindow, TrainingJob
+from jobs.selectors import job_latest_attempt
 
 
 def incident_list(
@@ -185,9 +186,7 @@ def job_rank_scores(*, job) -> dict:
     median rank's (so a uniform slowdown scores 1). Reads O(ranks x windows of
     the launch), not the job.
     """
-    attempt = job.attempts.exclude(started_at=None).order_by("-number").first()
-    if attempt is None:
-        attempt = Attempt.objects.filter(job=job).order_by("-number").first()
+    attempt = job_latest_attempt(job, started=True)
     empty = {"job": job.key, "attempt": None, "first_step": None, "last_step": None, "ranks": []}
     if attempt is None:
         return empty

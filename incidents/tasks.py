@@ -17,7 +17,7 @@ logger = logging.getLogger(__name__)
 
 
 @shared_task(name="incidents.open_reported", time_limit=30, ignore_result=True)
-def open_reported(job_id: int) -> None:
+def incidents_open_reported(job_id: int) -> None:
     """The quick pass: open incidents for reported faults, whatever the job's length."""
     outbox_claim(task="incidents.open_reported", key=str(job_id))
     job = TrainingJob.objects.filter(pk=job_id).first()
@@ -26,7 +26,7 @@ def open_reported(job_id: int) -> None:
 
 
 @shared_task(name="incidents.detect_job", time_limit=120, ignore_result=True)
-def detect_job(job_id: int) -> None:
+def incidents_detect_pass(job_id: int) -> None:
     """The full pass: open or update the job's incidents, inferred faults included,
     reading what was stored since the last pass; a repeat changes nothing. Figures
     of incidents it changed are brought up to date at once; the others follow
@@ -38,7 +38,7 @@ def detect_job(job_id: int) -> None:
 
 
 @shared_task(name="incidents.sweep", time_limit=120, ignore_result=True)
-def sweep() -> None:
+def incidents_sweep() -> None:
     """The periodic wall-clock check (Celery beat, every SWEEP_EVERY_S)."""
     result = services.incidents_sweep()
     if result.judged or result.suspect or result.deaf or result.failed:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from django.db import transaction
-
+from common.queue import enqueue_on_commit
 from recovery import services, tasks
 from recovery.models import Action
 
@@ -19,26 +18,23 @@ def action_execute_send(action: Action, *, countdown: float | None = None) -> No
     """Run a queued action, with its kind's time limit; `countdown`: not before then
     (a retry's backoff)."""
     limit = services.TIME_LIMITS_S[action.kind]
-    pk = action.pk
-    transaction.on_commit(
-        lambda: tasks.action_execute.apply_async(
-            (pk,),
-            countdown=countdown,
-            soft_time_limit=limit,
-            time_limit=limit + services.DEADLINE_GRACE_S,
-        ),
-        robust=True,
+    enqueue_on_commit(
+        tasks.action_execute,
+        action.pk,
+        countdown=countdown,
+        soft_time_limit=limit,
+        time_limit=limit + services.DEADLINE_GRACE_S,
     )
 
 
 def action_follow_up_send(action_id: int) -> None:
     """An action ended: the open incidents around it may propose their next step."""
-    transaction.on_commit(lambda: tasks.action_follow_up.delay(action_id), robust=True)
+    enqueue_on_commit(tasks.action_follow_up, action_id)
 
 
 def incident_propose_send(incident_id: int) -> None:
     """An incident opened or changed: propose what the policies say."""
-    transaction.on_commit(lambda: tasks.incident_propose.delay(incident_id), robust=True)
+    enqueue_on_commit(tasks.incident_propose, incident_id)
 
 
 def action_send(action: Action) -> None:

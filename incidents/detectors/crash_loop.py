@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from common.time import dt
 from incidents.detectors.base import Finding, Signal
 from incidents.models import Incident
-from jobs.models import Checkpoint, Event, TrainingJob
+from jobs.models import Event, TrainingJob
+from jobs.selectors import checkpoints_durable_latest_first
 
 CRASH_LOOP = "crash_loop"  # the detector's name on its incidents
 
@@ -62,9 +63,7 @@ def launch_records(job: TrainingJob) -> list[LaunchRecord]:
             r.restored = sig.data["step"]
     for r in records.values():  # the launch's newest durable checkpoint: an index lookup
         r.best_saved = (
-            Checkpoint.objects.filter(job=job, attempt=r.number, durable=True)
-            .exclude(saved_at=None)
-            .order_by("-step")
+            checkpoints_durable_latest_first(job, attempt=r.number)
             .values_list("step", flat=True)
             .first()
         )

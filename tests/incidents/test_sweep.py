@@ -114,9 +114,9 @@ def test_a_node_heard_long_ago_stays_as_it_is(two_jobs, sweeping):
 
 def test_the_worker_runs_the_sweep_on_a_schedule():
     entry = settings.CELERY_BEAT_SCHEDULE["incidents-sweep"]
-    assert entry["task"] == tasks.sweep.name == "incidents.sweep"
+    assert entry["task"] == tasks.incidents_sweep.name == "incidents.sweep"
     assert entry["schedule"] == services.SWEEP_EVERY_S
-    tasks.sweep()  # and it runs (nothing to judge)
+    tasks.incidents_sweep()  # and it runs (nothing to judge)
 
 
 def test_the_sweeps_memory_outlives_a_wiped_cache(two_jobs, sweeping):
@@ -176,8 +176,8 @@ def test_a_crash_after_a_poison_row_still_opens_its_incident(ingest, caplog):
     ]
     assert ingest(later).status_code == 202
     job = TrainingJob.objects.get(key="j")
-    tasks.open_reported(job.id)
-    tasks.detect_job(job.id)
+    tasks.incidents_open_reported(job.id)
+    tasks.incidents_detect_pass(job.id)
     assert Incident.objects.filter(job=job, attempt=2, fault_type="crash").exists()
     assert "out of range" in DetectorState.objects.get(job=job).failure
     assert any(r.levelname == "ERROR" and "j" in r.getMessage() for r in caplog.records)

@@ -80,8 +80,8 @@ def test_a_broker_outage_does_not_fail_the_ingest(ingest, monkeypatch):
     app.conf.task_always_eager = False
     for task in (
         job_tasks.ledger_snapshot_refresh,
-        incident_tasks.detect_job,
-        incident_tasks.open_reported,
+        incident_tasks.incidents_detect_pass,
+        incident_tasks.incidents_open_reported,
     ):
         monkeypatch.setattr(task, "delay", broker_down)
         monkeypatch.setattr(task, "apply_async", broker_down)
