@@ -88,6 +88,7 @@ def is_failure() -> Q:
 
 
 REPEAT_OFFENDER_MIN = 3  # incidents in the period that make a node a repeat offender
+RELIABILITY_DEFAULT_DAYS = 30  # the period of the reliability figures when none is asked
 
 
 def _percentile(values: list[float], q: float) -> float | None:

@@ -19,6 +19,7 @@ from console.charts import OKABE_ITO, chart_script
 from console.charts.incidents import LOST_COLOURS, lost_figure, timeline_figure
 from console.pages.common import DayField, answer, can_operate, operator_post, viewer_page
 from incidents import selectors, services
+from incidents.api.serializers import POSTMORTEM_MAX, RESOLVE_NOTE_MAX, ROOT_CAUSE_MAX
 from incidents.models import Incident
 from jobs.models import Cluster
 from recovery.models import Action
@@ -219,12 +220,12 @@ def incident_detail(request, pk):
 
 class NotesForm(forms.Form):
     # The API's limits (incidents.api.serializers.IncidentNotesSerializer).
-    root_cause = forms.CharField(required=False, max_length=20000, strip=False)
-    postmortem = forms.CharField(required=False, max_length=100000, strip=False)
+    root_cause = forms.CharField(required=False, max_length=ROOT_CAUSE_MAX, strip=False)
+    postmortem = forms.CharField(required=False, max_length=POSTMORTEM_MAX, strip=False)
 
 
 class ResolveForm(forms.Form):
-    note = forms.CharField(required=False, max_length=2000)
+    note = forms.CharField(required=False, max_length=RESOLVE_NOTE_MAX)
 
 
 def _first_error(form: forms.Form) -> str:

@@ -25,7 +25,7 @@ from console.pages.incidents import ClusterPeriodForm, duration
 from incidents import selectors
 from jobs.models import Cluster
 
-DEFAULT_PRESET = "30d"  # as the API's default period
+DEFAULT_PRESET = f"{selectors.RELIABILITY_DEFAULT_DAYS}d"  # the API's default period
 PRESETS = {"7d": 7, "30d": 30, "90d": 90}
 PRESET_LABELS = {"7d": "last 7 days", "30d": "last 30 days", "90d": "last 90 days"}
 MAX_DAYS = 3 * 366  # a longer period is refused: its weeks would be unreadable anyway

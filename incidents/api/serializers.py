@@ -68,13 +68,19 @@ class IncidentDetailSerializer(IncidentSerializer):
         ]
 
 
+# The longest texts an incident takes, for the API and the pages alike.
+ROOT_CAUSE_MAX = 20_000
+POSTMORTEM_MAX = 100_000
+RESOLVE_NOTE_MAX = 2_000
+
+
 class IncidentNotesSerializer(serializers.Serializer):
-    root_cause = serializers.CharField(required=False, allow_blank=True, max_length=20000)
-    postmortem = serializers.CharField(required=False, allow_blank=True, max_length=100000)
+    root_cause = serializers.CharField(required=False, allow_blank=True, max_length=ROOT_CAUSE_MAX)
+    postmortem = serializers.CharField(required=False, allow_blank=True, max_length=POSTMORTEM_MAX)
 
 
 class IncidentResolveSerializer(serializers.Serializer):
-    note = serializers.CharField(required=False, allow_blank=True, max_length=2000)
+    note = serializers.CharField(required=False, allow_blank=True, max_length=RESOLVE_NOTE_MAX)
 
 
 class CauseFiguresSerializer(serializers.Serializer):

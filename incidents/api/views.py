@@ -95,9 +95,6 @@ class IncidentResolveView(APIView):
         return Response(s.IncidentDetailSerializer(_incident(pk)).data)
 
 
-RELIABILITY_DEFAULT_DAYS = 30
-
-
 class ReliabilityView(APIView):
     @extend_schema(
         parameters=[
@@ -109,7 +106,7 @@ class ReliabilityView(APIView):
     )
     def get(self, request):
         end = _when(request, "end") or timezone.now()
-        start = _when(request, "start") or end - timedelta(days=RELIABILITY_DEFAULT_DAYS)
+        start = _when(request, "start") or end - timedelta(days=selectors.RELIABILITY_DEFAULT_DAYS)
         if end <= start:
             raise Invalid("end must be after start.", code="invalid_parameter", field="end")
         figures = selectors.reliability(
