@@ -283,6 +283,13 @@ REBOUND_RECOVERY_DRIVER = os.environ.get("REBOUND_RECOVERY_DRIVER", "local")
 # events keep coming (seconds; the worker reads them, since it asks for that work).
 REBOUND_DETECT_DEBOUNCE_S = float(os.environ.get("REBOUND_DETECT_DEBOUNCE_S", "5"))
 REBOUND_LEDGER_DEBOUNCE_S = float(os.environ.get("REBOUND_LEDGER_DEBOUNCE_S", "5"))
+# A running job the console has received nothing from for longer than this (seconds)
+# shows as silent, with that age, in the API and the pages (jobs.selectors.job_activity).
+# Its reporters send something every few seconds (heartbeats every 5-10 s, a retry at
+# most 30 s after a failed send), so two minutes of silence is no gap between sends.
+REBOUND_JOB_SILENT_S = float(os.environ.get("REBOUND_JOB_SILENT_S", "120"))
+if not 0 < REBOUND_JOB_SILENT_S < 1e9:  # NaN fails both
+    raise ImproperlyConfigured("REBOUND_JOB_SILENT_S must be a number of seconds above 0.")
 
 LOGGING = {
     "version": 1,

@@ -1,6 +1,7 @@
 """What every page shares: who may see it, who may change things, how a form
 answers (JSON to the page's script, a redirect without it), the path converter of
-stored names and the date field of period filters."""
+stored names, the date field of period filters, how long ago something was and when a
+job was last heard from."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from django.shortcuts import redirect
 from django.urls import register_converter
 
 from console.roles import role_allows, user_role
+from jobs import selectors as job_selectors
 
 
 class StoredName:
@@ -47,6 +49,39 @@ class DayField(forms.DateField):
         if day is not None and not (self.FIRST <= day <= self.LAST):
             raise forms.ValidationError(f"A day from {self.FIRST} to {self.LAST}.")
         return day
+
+
+def span(seconds: float) -> str:
+    """'12 s', '5 min', '3 h', '2 d': whole units, rounded down."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        return f"{s // 3600} h"
+    return f"{s // 86400} d"
+
+
+def age(then, now) -> str:
+    """'12 s ago', '5 min ago', '3 h ago', '2 d ago'; 'never' for no time."""
+    if then is None:
+        return "never"
+    return f"{span((now - then).total_seconds())} ago"
+
+
+def job_heard(job, now) -> dict:
+    """A job's status as the pages show it (jobs.selectors.job_activity: `silent` for a
+    running job not heard from lately) and how long ago it was last heard from."""
+    a = job_selectors.job_activity(job, now=now)
+    return {
+        "activity": a.activity,
+        "silent": a.silent,
+        "last_heard_at": a.last_heard_at,
+        "ago": age(a.last_heard_at, now),
+        "silent_for": span(a.heard_ago_s) if a.silent else "",
+        "silent_after": span(job_selectors.job_silent_after_s()),
+    }
 
 
 def viewer_page(view):

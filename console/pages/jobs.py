@@ -30,7 +30,7 @@ from console.charts.jobs import (
     rank_figure,
     step_time_figure,
 )
-from console.pages.common import viewer_page
+from console.pages.common import job_heard, viewer_page
 from incidents import selectors as incident_selectors
 from jobs import selectors
 from jobs import services as job_services
@@ -73,10 +73,18 @@ def job_list(request):
     page = Paginator(qs, JOBS_PER_PAGE).get_page(request.GET.get("page"))
     jobs = list(page.object_list)
     selectors.attach_summaries(jobs)
+    now = timezone.now()
     rows = []
     for job in jobs:
         figures = job_services.job_goodput(job=job, allow_stale=True)
-        rows.append({"job": job, "figures": figures, "breakdown": _breakdown(figures)})
+        rows.append(
+            {
+                "job": job,
+                "heard": job_heard(job, now),
+                "figures": figures,
+                "breakdown": _breakdown(figures),
+            }
+        )
     return render(
         request,
         "console/job_list.html",
@@ -245,6 +253,7 @@ def job_detail(request, key):
         "console/job_detail.html",
         {
             "job": job,
+            "heard": job_heard(job, timezone.now()),
             "figures": figures,
             "breakdown": breakdown,
             "no_badput": no_badput,

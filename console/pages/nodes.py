@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from common.api import status_of
 from common.errors import AppError
-from console.pages.common import answer, can_operate, operator_post, viewer_page
+from console.pages.common import age, answer, can_operate, operator_post, viewer_page
 from console.pages.overview import STATE_LABELS, node_states, segment
 from incidents.selectors import incident_list, node_list
 from jobs.models import Cluster, Node
@@ -33,20 +33,6 @@ MANUAL = {
     Action.Kind.UNCORDON_NODE: "Uncordon",
     Action.Kind.VALIDATE_NODE: "Validate",
 }
-
-
-def age(then, now) -> str:
-    """'12 s ago', '5 min ago', '3 h ago', '2 d ago'."""
-    if then is None:
-        return "never"
-    s = max(0, int((now - then).total_seconds()))
-    if s < 60:
-        return f"{s} s ago"
-    if s < 3600:
-        return f"{s // 60} min ago"
-    if s < 86400:
-        return f"{s // 3600} h ago"
-    return f"{s // 86400} d ago"
 
 
 @viewer_page

@@ -1,6 +1,6 @@
 """The overview: every node of every cluster as a grid coloured by state, the running
-jobs with their goodput, open incidents, actions waiting for approval and the
-GPU-hours lost lately.
+jobs with their goodput and when each was last heard from (silent ones marked), open
+incidents, actions waiting for approval and the GPU-hours lost lately.
 
 Built for 2,000 nodes and 100 running jobs in a fixed number of queries: the nodes
 in one, the jobs' cumulative ledgers from their cached snapshots, and the last hour
@@ -17,10 +17,11 @@ from urllib.parse import quote
 from django.core.cache import cache
 from django.shortcuts import render
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.safestring import mark_safe
 
 from console.charts import NODE_STATE_COLOURS
-from console.pages.common import viewer_page
+from console.pages.common import job_heard, span, viewer_page
 from incidents.models import Incident
 from incidents.selectors import incident_list, lost_gpu_hours_recent
 from jobs import selectors as jobs
@@ -164,6 +165,7 @@ def running_jobs() -> tuple[list[dict], int]:
     recent = jobs.jobs_recent_goodput(jobs=page, window_s=RECENT_WINDOW_S)
     rows = []
     exact_left = EXACT_MAX
+    now = timezone.now()
     for job in page:
         # The cached snapshot only (possibly a few seconds stale, refreshed after
         # ingest): a job whose ledger was never computed shows none rather than this
@@ -172,7 +174,9 @@ def running_jobs() -> tuple[list[dict], int]:
         cumulative = jobs.job_goodput(job=job, allow_stale=True) if cached else None
         hour = last_hour(job, recent.get(job.pk), exact_left)
         exact_left -= bool(hour and hour.get("exact"))
-        rows.append({"job": job, "cumulative": cumulative, "recent": hour})
+        rows.append(
+            {"job": job, "heard": job_heard(job, now), "cumulative": cumulative, "recent": hour}
+        )
     return rows, total
 
 
@@ -197,6 +201,7 @@ def page(request):
             "approvals_total": waiting.count(),
             "lost": lost_gpu_hours_recent(),
             "recent_window_min": int(RECENT_WINDOW_S // 60),
+            "silent_after": span(jobs.job_silent_after_s()),
         },
     )
 

@@ -3,10 +3,12 @@
 from datetime import UTC, datetime
 
 from django.conf import settings
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from common.time import TS_MAX, TS_MIN
+from jobs import selectors
 from jobs.accounting import CATEGORIES
 from jobs.models import Attempt, Checkpoint, TrainingJob
 from jobs.wire import (
@@ -105,7 +107,25 @@ class JobGoodputSummarySerializer(serializers.Serializer):
 
 
 class JobSerializer(serializers.ModelSerializer):
+    """A job; `activity`, `last_heard_at` and `silent_for_s` as of the context's `now`
+    (jobs.selectors.job_activity)."""
+
     cluster = serializers.CharField(source="cluster.name")
+    activity = serializers.SerializerMethodField(
+        help_text="`status`, except `silent` for a running job the console has received"
+        " nothing from for longer than REBOUND_JOB_SILENT_S (120 s by default); the"
+        " stored `status` stays `running`"
+    )
+    last_heard_at = serializers.DateTimeField(
+        source="last_received_at",
+        allow_null=True,
+        read_only=True,
+        help_text="when the console last received events for the job, on its own clock"
+        " (`last_event_at` is the job's clock)",
+    )
+    silent_for_s = serializers.SerializerMethodField(
+        help_text="seconds since `last_heard_at` when `activity` is `silent`; else null"
+    )
     current_attempt = CurrentAttemptSerializer(allow_null=True)
     world_size = serializers.SerializerMethodField()
     last_durable_checkpoint = CheckpointSerializer(allow_null=True)
@@ -119,6 +139,7 @@ class JobSerializer(serializers.ModelSerializer):
             "key",
             "cluster",
             "status",
+            "activity",
             "current_attempt",
             "world_size",
             "last_step",
@@ -127,9 +148,22 @@ class JobSerializer(serializers.ModelSerializer):
             "events_count",
             "first_event_at",
             "last_event_at",
+            "last_heard_at",
+            "silent_for_s",
             "finished_at",
             "created_at",
         ]
+
+    def _activity(self, obj) -> selectors.JobActivity:
+        # One `now` for every job of a response, so that they are judged alike.
+        return selectors.job_activity(obj, now=self.context.setdefault("now", timezone.now()))
+
+    @extend_schema_field(serializers.ChoiceField(choices=selectors.ACTIVITIES))
+    def get_activity(self, obj) -> str:
+        return self._activity(obj).activity
+
+    def get_silent_for_s(self, obj) -> float | None:
+        return self._activity(obj).silent_for_s
 
     def get_world_size(self, obj) -> int | None:
         return obj.current_attempt.world_size if obj.current_attempt else None

@@ -1,10 +1,12 @@
 """The jobs API: ingest (wire format v1) and the read API."""
 
 import zlib
+from functools import cached_property
 
 from django.conf import settings
 from django.http import RawPostDataException
 from django.shortcuts import get_object_or_404
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import UnsupportedMediaType
@@ -173,8 +175,14 @@ class JobReopenView(APIView):
 
 
 class JobViewMixin:
+    @cached_property
+    def now(self):
+        """The one time a request judges silence by: its filter and its answers."""
+        return timezone.now()
+
     def get_serializer_context(self):
         context = super().get_serializer_context()
+        context["now"] = self.now
         many = isinstance(self, generics.ListAPIView)
         # Figures computed for a job with no usable snapshot are stored for the next reader.
         context["goodput"] = lambda job: services.job_goodput(job=job, allow_stale=many)
@@ -184,7 +192,18 @@ class JobViewMixin:
 @extend_schema(
     parameters=[
         OpenApiParameter("cluster", str, description="only this cluster's jobs"),
-        OpenApiParameter("status", str, enum=TrainingJob.Status.values),
+        OpenApiParameter(
+            "status",
+            str,
+            enum=TrainingJob.Status.values,
+            description="the stored status: `running` includes the silent jobs",
+        ),
+        OpenApiParameter(
+            "silent",
+            str,
+            enum=["true", "false"],
+            description="`true`: only the jobs whose `activity` is `silent`; `false`: the others",
+        ),
     ]
 )
 class JobListView(JobViewMixin, generics.ListAPIView):
@@ -193,7 +212,13 @@ class JobListView(JobViewMixin, generics.ListAPIView):
     def get_queryset(self):
         params = self.request.query_params
         status_ = choice_param(self.request, "status", TrainingJob.Status.values)
-        return selectors.job_list(cluster=params.get("cluster"), status=status_)
+        silent = choice_param(self.request, "silent", ("true", "false"))
+        return selectors.job_list(
+            cluster=params.get("cluster"),
+            status=status_,
+            silent=None if silent is None else silent == "true",
+            now=self.now,
+        )
 
     def paginate_queryset(self, queryset):
         page = super().paginate_queryset(queryset)

@@ -1,6 +1,7 @@
 """Reads of the jobs app; they never write (the database or the cache). One module
 per concern, the public reads re-exported here (`from jobs import selectors`):
 
+- `activity`: whether a running job is still heard from (`silent` past a threshold).
 - `launches`: a job's launches and checkpoints (the latest of each asked for in one
   place), the job list with its summaries, the status a job's latest launch gives it.
 - `ledger`: a job's goodput figures (its stored snapshot, or computed) and the last
@@ -12,6 +13,14 @@ Where a read is worth keeping for the next reader (a ledger, the step buckets), 
 service of the same concern in `jobs.services` stores it.
 """
 
+from jobs.selectors.activity import (
+    ACTIVITIES,
+    SILENT,
+    JobActivity,
+    job_activity,
+    job_silent_after_s,
+    jobs_silent_q,
+)
 from jobs.selectors.charts import job_checkpoint_groups, job_rank_heatmap
 from jobs.selectors.launches import (
     FAILED_ENDS,
@@ -47,13 +56,17 @@ from jobs.selectors.steps import (
 )
 
 __all__ = [
+    "ACTIVITIES",
     "BUCKET_COLUMNS",
     "FAILED_ENDS",
+    "SILENT",
+    "JobActivity",
     "StepBuckets",
     "attach_summaries",
     "attempts_latest_first",
     "checkpoints_durable_latest_first",
     "group_rows",
+    "job_activity",
     "job_attempts",
     "job_checkpoint_groups",
     "job_checkpoints",
@@ -66,9 +79,11 @@ __all__ = [
     "job_list",
     "job_rank_heatmap",
     "job_recent_checkpoints",
+    "job_silent_after_s",
     "job_status",
     "job_step_buckets",
     "jobs_recent_goodput",
+    "jobs_silent_q",
     "kept_ranges",
     "kept_shares",
     "launch_node_names",

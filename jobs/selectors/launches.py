@@ -2,9 +2,12 @@
 in one place), the job list with its summaries, and the status a job's latest launch
 gives it."""
 
+from datetime import datetime
+
 from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
 
 from jobs.models import Attempt, Checkpoint, TrainingJob
+from jobs.selectors.activity import jobs_silent_q
 
 
 def attempts_latest_first(job) -> QuerySet[Attempt]:
@@ -44,7 +47,16 @@ def job_latest_durable_checkpoint(
     return checkpoints_durable_latest_first(job, saved_by=saved_by, attempt=attempt).first()
 
 
-def job_list(*, cluster: str | None = None, status: str | None = None) -> QuerySet[TrainingJob]:
+def job_list(
+    *,
+    cluster: str | None = None,
+    status: str | None = None,
+    silent: bool | None = None,
+    now: datetime | None = None,
+) -> QuerySet[TrainingJob]:
+    """Jobs, newest first, with the ids of their latest launch and latest durable
+    checkpoint (see `attach_summaries`); `silent` keeps the jobs `job_activity` shows as
+    silent (True) or all the others (False), as of `now`."""
     latest_attempt = attempts_latest_first(OuterRef("pk"))
     last_durable = checkpoints_durable_latest_first(OuterRef("pk"))
     qs = (
@@ -59,6 +71,9 @@ def job_list(*, cluster: str | None = None, status: str | None = None) -> QueryS
         qs = qs.filter(cluster__name=cluster)
     if status:
         qs = qs.filter(status=status)
+    if silent is not None:
+        q = jobs_silent_q(now=now)
+        qs = qs.filter(q) if silent else qs.exclude(q)
     return qs
 
 
