@@ -46,8 +46,8 @@ def seed_cluster() -> dict[str, Node]:
 
 def seed_job(nodes: dict[str, Node]) -> tuple[TrainingJob, Incident]:
     """llm-70b: running on n01..n08 (64 GPUs) since an hour ago, at step 4,200 half a
-    minute ago; its last durable checkpoint (step 4,000) was saved 12 minutes ago.
-    An Xid 79 incident on n05."""
+    minute ago (received a second later); its last durable checkpoint (step 4,000) was
+    saved 12 minutes ago. An Xid 79 incident on n05."""
     now = time.time()
     east = nodes["n01"].cluster
     job = TrainingJob.objects.create(
@@ -58,6 +58,7 @@ def seed_job(nodes: dict[str, Node]) -> tuple[TrainingJob, Incident]:
         last_event_ts=now - 30,
         last_step=4200,
         last_step_ts=now - 30,
+        last_received_at=at(now - 29),
     )
     attempt = Attempt.objects.create(
         job=job, number=1, world_size=64, gpus_per_node=8, started_at=at(now - 3600)
