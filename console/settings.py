@@ -287,9 +287,15 @@ REBOUND_LEDGER_DEBOUNCE_S = float(os.environ.get("REBOUND_LEDGER_DEBOUNCE_S", "5
 # shows as silent, with that age, in the API and the pages (jobs.selectors.job_activity).
 # Its reporters send something every few seconds (heartbeats every 5-10 s, a retry at
 # most 30 s after a failed send), so two minutes of silence is no gap between sends.
-REBOUND_JOB_SILENT_S = float(os.environ.get("REBOUND_JOB_SILENT_S", "120"))
+try:
+    REBOUND_JOB_SILENT_S = float(os.environ.get("REBOUND_JOB_SILENT_S") or "120")
+except ValueError:
+    REBOUND_JOB_SILENT_S = float("nan")
 if not 0 < REBOUND_JOB_SILENT_S < 1e9:  # NaN fails both
-    raise ImproperlyConfigured("REBOUND_JOB_SILENT_S must be a number of seconds above 0.")
+    raise ImproperlyConfigured(
+        "REBOUND_JOB_SILENT_S must be a number of seconds above 0 (and below 1e9),"
+        f" not {os.environ.get('REBOUND_JOB_SILENT_S')!r}."
+    )
 
 LOGGING = {
     "version": 1,

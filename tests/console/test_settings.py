@@ -89,3 +89,12 @@ def test_environment_selects_postgres_and_redis(tmp_path):
         "redis://cache.internal:6379/2",
         "['a.example', 'b.example']",
     ]
+
+
+def test_a_silence_threshold_that_is_no_number_of_seconds_is_refused(tmp_path):
+    for bad in ("0", "-5", "nan", "two minutes", "inf"):
+        r = manage("check", env_overrides={"REBOUND_JOB_SILENT_S": bad}, tmp_path=tmp_path)
+        assert r.returncode != 0, bad
+        assert "REBOUND_JOB_SILENT_S must be a number of seconds above 0" in r.stderr, bad
+    r = manage("check", env_overrides={"REBOUND_JOB_SILENT_S": "300"}, tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr
