@@ -113,6 +113,8 @@ def _ask(env: LaunchEnv) -> tuple:
         return ("refused", exc.code, exc.detail, identity)
     except (ConsoleAway, ValueError) as exc:
         return ("off", str(exc), identity)
+    except Exception as exc:  # never the job's end, and the other ranks wait for this answer
+        return ("off", f"asking for the launch number failed: {exc!r}", identity)
     return ("ok", got.attempt, identity)
 
 
