@@ -7,7 +7,8 @@ agent.torch_checkpoint, re-exported here. Events go to
 any object with the reporter's `emit` method (`agent.reporter.Reporter`,
 `agent.sinks.FileSink`).
 
-Instrumenting an existing DDP loop:
+`agent.init(ddp_model)` (or `Instrument.from_env`) makes the Instrument from the
+environment, with its launch number, lifecycle and heartbeats (agent.auto). By hand:
 
     from agent.torch_hooks import Checkpointer, Instrument, TrainState
 
@@ -296,6 +297,12 @@ class Instrument:
         self._explicit_comm = False
         self.heartbeat = None
         self.own_s = 0.0  # CPU seconds its step bookkeeping took on the training thread
+        self.reporter = emitter
+        # Set by `adopt` (agent.auto): the launch whose lifecycle this Instrument reports.
+        self.launch = None
+        self._owns_emitter = False
+        self._ready_due = False
+        self._closed = False
         if heartbeat_s and node:
             self.heartbeat = Heartbeat(
                 emitter,
@@ -306,9 +313,29 @@ class Instrument:
                 muted=heartbeat_muted,
             ).start()
 
+    @classmethod
+    def from_env(cls, model=None, **kwargs) -> Instrument:
+        """The zero-config Instrument: `agent.auto.init(model, **kwargs)`."""
+        from agent.auto import init
+
+        return init(model, **kwargs)
+
+    def adopt(self, launch, *, owns_emitter: bool = False) -> None:
+        """Report `launch`'s lifecycle by itself (agent.auto): `ready` as the first step
+        begins, `attempt_ended` at `close`, `job_finished` at `finish`, each with an id
+        stable per launch; with `owns_emitter`, `close` closes the emitter too."""
+        self.launch = launch
+        self._owns_emitter = owns_emitter
+        self._ready_due = True
+
     @property
     def reports(self) -> bool:
         return self.rank == self.report_rank
+
+    def _lifecycle_id(self, kind: str, event_id: str | None) -> str | None:
+        if event_id is None and self.launch is not None:
+            return self.launch.event_id(kind)
+        return event_id
 
     def emit(self, kind, data=None, **kwargs):
         kwargs.setdefault("attempt", self.attempt)
@@ -323,6 +350,8 @@ class Instrument:
         return self.comm
 
     def step(self, step: int) -> StepTimer:
+        if self._ready_due:  # the first step of an adopted launch: it is ready
+            self.ready()
         return StepTimer(self, step)
 
     def _finish(self, s: StepTimer, step_s: float) -> None:
@@ -371,25 +400,31 @@ class Instrument:
 
     # Once-per-launch events: emitted by the reporting rank only.
 
-    def attempt_started(self, *, world_size, gpus_per_node=None, nodes=None, ts=None):
+    def attempt_started(
+        self, *, world_size, gpus_per_node=None, nodes=None, ts=None, extra=None, event_id=None
+    ):
         if self.reports:
-            data = {"world_size": int(world_size)}
+            data = {**(extra or {}), "world_size": int(world_size)}
             if gpus_per_node:
                 data["gpus_per_node"] = int(gpus_per_node)
             if nodes:
                 data["nodes"] = list(nodes)
-            self.emit("attempt_started", data, ts=ts)
+            event_id = self._lifecycle_id("attempt_started", event_id)
+            self.emit("attempt_started", data, ts=ts, event_id=event_id)
 
-    def ready(self):
+    def ready(self, event_id=None):
+        self._ready_due = False
         if self.reports:
-            self.emit("ready")
+            self.emit("ready", event_id=self._lifecycle_id("ready", event_id))
+            if self.launch is not None:
+                self.launch.state.save(ready=True)
 
-    def attempt_ended(self, reason="completed", exit_code=None):
+    def attempt_ended(self, reason="completed", exit_code=None, event_id=None):
         if self.reports:
             data = {"reason": reason}
             if exit_code is not None:
                 data["exit_code"] = int(exit_code)
-            self.emit("attempt_ended", data)
+            self.emit("attempt_ended", data, event_id=self._lifecycle_id("attempt_ended", event_id))
 
     def fault(self, type_, message=None, **data):
         """A fault seen by this rank (any rank may report one)."""
@@ -398,10 +433,42 @@ class Instrument:
             data["message"] = str(message)[:4096]
         self.emit("fault", data)
 
-    def close(self) -> None:
+    def close(self, *, finished: bool = False, reason: str = "completed", exit_code=None) -> None:
+        """Flushes the last rank window and stops the heartbeat. For an adopted launch
+        (agent.auto) rank 0 also ends it (`attempt_ended` with `reason`) and, with
+        `finished`, finishes the job (`job_finished`); then the Reporter is closed (its
+        events flushed). Idempotent: a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         self.flush_window()
         if self.heartbeat is not None:
             self.heartbeat.stop()
+        if self.launch is None:
+            return
+        self.attempt_ended(reason, exit_code=exit_code)
+        if finished and self.reports:
+            self.emit("job_finished", event_id=self.launch.event_id("job_finished"))
+        if self.reports:
+            self.launch.state.save(ended=True)
+        if self._owns_emitter:
+            self.emitter.close()
+
+    def finish(self) -> None:
+        """The training loop is done and so is the job: the launch ends completed and the
+        job finished (rank 0 sends both); `close(finished=True)`."""
+        self.close(finished=True)
+
+    def __enter__(self) -> Instrument:
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None or (issubclass(exc_type, SystemExit) and not exc.code):
+            self.close()
+        else:
+            self.fault("crash", f"{exc_type.__name__}: {exc}")
+            self.close(reason="failed", exit_code=1)
+        return False
 
     def cost(self) -> dict:
         """What the agent itself has cost this process so far, in CPU seconds (so other

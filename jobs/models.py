@@ -129,6 +129,31 @@ class Attempt(models.Model):
         return f"{self.job_id}#{self.number}"
 
 
+class LaunchReservation(models.Model):
+    """A launch number handed out before the launch reports anything: one per launch
+    identity (`POST /api/v1/launches`, `jobs.services.launches.launch_reserve`).
+
+    The identity is the launcher's ids and a nonce drawn at the launch's start, so a
+    torchrun restart, a Slurm requeue or a resubmission never gets an old number."""
+
+    IDENTITY_MAX = 200
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="reservations")
+    attempt = models.PositiveIntegerField()
+    identity = models.CharField(max_length=IDENTITY_MAX)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["job_id", "attempt"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "identity"], name="reservation_unique_identity"),
+            models.UniqueConstraint(fields=["job", "attempt"], name="reservation_unique_attempt"),
+        ]
+
+    def __str__(self):
+        return f"{self.job_id}#{self.attempt} ({self.identity})"
+
+
 # The stream tables (events, steps, rank windows) take most of the writes.
 # Their job is locked and known to exist when ingest writes them, so the
 # database checks no foreign key per row (those checks were a third of the

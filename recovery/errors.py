@@ -35,3 +35,11 @@ class FaultRefused(Conflict):
     """A fault the cluster cannot take (its driver cannot inject, or refused)."""
 
     code = "fault_refused"
+
+
+class LaunchRefused(Conflict):
+    """A new launch the gate refuses (`recovery.services.launches`); `code` names why:
+    job_finished, cluster_paused, crash_loop; `job` and the facts of the refusal ride
+    along (`finished_at`, `paused_by`/`paused_at`/`reason`, `incident`)."""
+
+    code = "launch_refused"

@@ -10,6 +10,7 @@
 - `ledger`: a job's stored ledger, refreshed after ingest or made current by a reader.
 - `page_cache`: the job page's reads kept in the cache for the next reader.
 - `nodes`: node states and clusters.
+- `launches`: launch numbers handed out per launch identity, never reused.
 
 Errors are `common.errors` classes carrying their codes: the API answers them as they
 are. Services never import tasks: the outbox sends a task by its name.
@@ -18,6 +19,7 @@ are. Services never import tasks: the outbox sends a task by its name.
 from jobs.services.follow_up import events_follow_up
 from jobs.services.history import HistoryConflict, JobNotFinished, job_reopen
 from jobs.services.ingest import IngestResult, JobsOfAnotherCluster, events_ingest
+from jobs.services.launches import LaunchReserved, launch_reserve
 from jobs.services.ledger import (
     job_goodput,
     ledger_snapshot_ensure,
@@ -40,12 +42,14 @@ __all__ = [
     "IngestResult",
     "JobNotFinished",
     "JobsOfAnotherCluster",
+    "LaunchReserved",
     "checkpoint_groups_ensure",
     "cluster_get_or_create",
     "events_follow_up",
     "events_ingest",
     "job_goodput",
     "job_reopen",
+    "launch_reserve",
     "ledger_snapshot_ensure",
     "ledger_snapshot_refresh",
     "node_claim_spare",

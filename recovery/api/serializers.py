@@ -5,9 +5,12 @@ The command serializers are the one validator of each command: the console's for
 (console/pages/approvals.py, nodes.py) validate with them too, and word their
 errors for people with the limits below."""
 
+import re
+
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from common.vocabulary import JOB_KEY
 from incidents.models import Incident
 from jobs.models import Node, TrainingJob
 from recovery.models import Action, ActionAudit, ClusterRecoverySettings
@@ -225,3 +228,42 @@ class FaultSerializer(serializers.Serializer):
         from recovery.faults import FAULTS
 
         self.fields["kind"].choices = [(k, f.what) for k, f in FAULTS.items()]
+
+
+# A launch identity: printable ASCII, space included (the schema's pattern is the rule).
+LAUNCH_IDENTITY = re.compile(r"\A[ -~]{1,200}\Z")
+
+
+@extend_schema_field({"type": "string", "pattern": r"^[A-Za-z0-9_-]{1,100}$"})
+class JobKeyField(serializers.CharField):
+    def to_internal_value(self, data):
+        if type(data) is not str or not JOB_KEY.match(data):
+            raise serializers.ValidationError("a job key is 1-100 letters, digits, '-' and '_'.")
+        return data
+
+
+@extend_schema_field({"type": "string", "pattern": r"^[ -~]{1,200}$"})
+class LaunchIdentityField(serializers.CharField):
+    def to_internal_value(self, data):
+        if type(data) is not str or not LAUNCH_IDENTITY.match(data):
+            raise serializers.ValidationError(
+                "a launch identity is 1-200 printable ASCII characters (space to '~')."
+            )
+        return data
+
+
+class LaunchRequestSerializer(serializers.Serializer):
+    job = JobKeyField(help_text="the job's key (created on the token's cluster when new)")
+    launch = LaunchIdentityField(
+        help_text="the launch identity: the launcher's ids and a nonce drawn at the launch's"
+        " start; the same identity always gets the same number"
+    )
+
+
+class LaunchReservedSerializer(serializers.Serializer):
+    job = serializers.CharField()
+    attempt = serializers.IntegerField(help_text="the launch number to report with")
+    launch = serializers.CharField(help_text="the launch identity, as sent")
+    created = serializers.BooleanField(
+        help_text="true: a new number (201); false: the identity had it already (200)"
+    )

@@ -15,5 +15,6 @@ urlpatterns = [
     ),
     path("clusters/<slug:name>/pause", views.ClusterPauseView.as_view(), name="cluster-pause"),
     path("clusters/<slug:name>/resume", views.ClusterResumeView.as_view(), name="cluster-resume"),
+    path("launches", views.LaunchView.as_view(), name="launches"),
     path("clusters/<slug:name>/faults", views.ClusterFaultView.as_view(), name="cluster-faults"),
 ]

@@ -1,5 +1,6 @@
 """The recovery API: the action queue (viewers read; operators propose, approve,
-reject and cancel) and each cluster's pause switch (operators)."""
+reject and cancel), each cluster's pause switch (operators), and the launch gate
+(`POST /api/v1/launches`, ingest tokens: a launch's number, or why it must not start)."""
 
 from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
@@ -288,3 +289,49 @@ class ClusterFaultView(APIView):
         form.is_valid(raise_exception=True)
         done = fault_inject(cluster=cluster, actor=_actor(request), **form.validated_data)
         return Response(done)
+
+
+class LaunchView(APIView):
+    """A launch asks for its number at start (ingest tokens, for their cluster's jobs).
+
+    Body `{"job": KEY, "launch": IDENTITY}`; answer `{"job", "attempt", "launch",
+    "created"}`: 201 with a new number (max of the job's launches and reservations + 1),
+    200 when the identity had its number already. The gate (recovery.services.launches)
+    refuses a new launch with 409 and a `detail` that says what to do: `job_finished`,
+    `cluster_paused`, `crash_loop`; a refusal reserves nothing."""
+
+    required_role = "ingest"
+    parser_classes = [JSONParser]
+
+    @extend_schema(
+        request=s.LaunchRequestSerializer,
+        responses={
+            200: s.LaunchReservedSerializer,
+            201: s.LaunchReservedSerializer,
+            400: OpenApiResponse(description="invalid body: `fields` names each bad field"),
+            403: OpenApiResponse(
+                description="the token may not ingest, or its cluster does not own the job"
+                " (forbidden_job)"
+            ),
+            409: OpenApiResponse(
+                description="the gate refuses a new launch, nothing reserved; `error` is"
+                " job_finished (with `finished_at`: reopen the job or use another name),"
+                " cluster_paused (`paused_by`, `paused_at`, `reason`) or crash_loop"
+                " (`incident`); `job` names the job"
+            ),
+        },
+        summary="Reserve the launch number of a launch identity (idempotent), or refuse it",
+    )
+    def post(self, request):
+        form = s.LaunchRequestSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        data = form.validated_data
+        # JobsOfAnotherCluster (403) and LaunchRefused (409) answer for themselves.
+        got = services.launch_admit(
+            cluster=request.auth.cluster, job_key=data["job"], identity=data["launch"]
+        )
+        body = {"job": got.job.key, "attempt": got.attempt, "launch": got.identity}
+        return Response(
+            {**body, "created": got.created},
+            status=status.HTTP_201_CREATED if got.created else status.HTTP_200_OK,
+        )

@@ -5,7 +5,8 @@
 - `approvals`: a person's decisions, expiry and retirement of approvals;
 - `decisions`: from the policies to the proposals for an incident;
 - `execution`: running a queued action, and the reconciler;
-- `pause`: each cluster's pause switch.
+- `pause`: each cluster's pause switch;
+- `launches`: the gate in front of a new launch, and its number.
 
 Services record and never send a task: their callers send what a new state calls
 for through `recovery.queue`. The names below are the public ones, so that
@@ -13,7 +14,7 @@ for through `recovery.queue`. The names below are the public ones, so that
 wherever a function lives.
 """
 
-from recovery.errors import InvalidAction, OwnAction, Refused
+from recovery.errors import InvalidAction, LaunchRefused, OwnAction, Refused
 from recovery.services.actions import (
     QUEUE_GRACE_S,
     TRANSITIONS,
@@ -38,6 +39,7 @@ from recovery.services.execution import (
     actions_reconcile,
     backoff_s,
 )
+from recovery.services.launches import launch_admit, launch_gate
 from recovery.services.pause import cluster_pause, cluster_resume
 from recovery.services.proposals import action_propose
 
@@ -49,6 +51,7 @@ __all__ = [
     "TRANSITIONS",
     "InvalidAction",
     "InvalidTransition",
+    "LaunchRefused",
     "Outcome",
     "OwnAction",
     "Reconciled",
@@ -67,4 +70,6 @@ __all__ = [
     "cluster_pause",
     "cluster_resume",
     "incident_propose",
+    "launch_admit",
+    "launch_gate",
 ]

@@ -1,0 +1,63 @@
+"""Running a training script under a real `torchrun` (CPU, gloo) that reports to a live
+console, for the tests of the zero-config agent."""
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Run:
+    returncode: int
+    output: str
+    wall_s: float
+
+
+def torchrun(
+    script: Path,
+    *,
+    url: str,
+    token: str,
+    job: str,
+    nproc: int = 2,
+    max_restarts: int = 0,
+    env: dict | None = None,
+    timeout_s: float = 240,
+) -> Run:
+    """`torchrun --standalone --nproc-per-node N script` with the agent's environment;
+    its output (both streams) and its wall time."""
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("REBOUND_", "TORCHELASTIC_", "SLURM_"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    }
+    environ.update(
+        {
+            "PYTHONPATH": str(ROOT),
+            "REBOUND_URL": url,
+            "REBOUND_TOKEN": token,
+            "REBOUND_JOB": job,
+            "OMP_NUM_THREADS": "1",
+            "REBOUND_LAUNCH_RETRY_S": "20",
+            **(env or {}),
+        }
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += [f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", str(script)]
+    t0 = time.monotonic()
+    done = subprocess.run(
+        cmd,
+        cwd=script.parent,
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout_s,
+    )
+    return Run(done.returncode, done.stdout, time.monotonic() - t0)
