@@ -9,7 +9,9 @@ The environment (`read_env`):
     REBOUND_TOKEN         an ingest token, or REBOUND_TOKEN_FILE: a file holding it
     REBOUND_JOB           the job's key; default SLURM_JOB_NAME, else the script's name
                           (without .py); made a valid key (other characters become '-')
-    REBOUND_NODE          this host's name in the console; default the host name
+    REBOUND_NODE          this host's name in the console; default SLURMD_NODENAME (the
+                          Slurm node's name, as the prolog and epilog report it, see
+                          agent.slurm_node), else the host name
     REBOUND_HEARTBEAT_S   seconds between a node's heartbeats (default 10; 0: none)
     REBOUND_LAUNCH_STATE  a directory: rank 0 keeps <dir>/launch.json there (below)
     REBOUND_LAUNCH_RETRY_S  how long rank 0 keeps asking a console that is away for
@@ -181,7 +183,10 @@ def read_env(environ=None, *, argv0: str | None = None) -> LaunchEnv:
         url=env.get("REBOUND_URL") or None,
         token=token,
         job=job,
-        node=env.get("REBOUND_NODE") or socket.gethostname().split(".")[0] or "localhost",
+        node=env.get("REBOUND_NODE")
+        or env.get("SLURMD_NODENAME")
+        or socket.gethostname().split(".")[0]
+        or "localhost",
         heartbeat_s=heartbeat_s,
         rank=rank,
         world_size=world,

@@ -102,6 +102,9 @@ class SlurmCluster:
         partition: str = "batch",
         cred_expire: int = 10,
         slurmd_timeout: int = 20,
+        prolog: str | os.PathLike | None = None,
+        epilog: str | os.PathLike | None = None,
+        prolog_flags: str | None = None,
     ):
         self.base = Path(base).resolve()
         self.node_names = [f"node{i}" for i in range(1, nodes + 1)]
@@ -109,6 +112,9 @@ class SlurmCluster:
         self.partition = partition
         self.cred_expire = cred_expire
         self.slurmd_timeout = slurmd_timeout
+        self.prolog = prolog
+        self.epilog = epilog
+        self.prolog_flags = prolog_flags
         self.conf = self.base / "slurm.conf"
         self.run_dir = self.base / "run"
         self.log_dir = self.base / "log"
@@ -158,6 +164,18 @@ class SlurmCluster:
         self.ctld_port = ctld_port
         host = socket.gethostname().split(".")[0]
         b = self.base
+        hooks = "".join(
+            f"{name}={value}\n"
+            for name, value in (
+                ("Prolog", self.prolog),
+                ("Epilog", self.epilog),
+                ("PrologFlags", self.prolog_flags),
+            )
+            if value
+        )
+        if hooks:
+            # A node whose prolog or epilog hangs is drained after this long.
+            hooks += "PrologEpilogTimeout=30\n"
         node_lines = "\n".join(
             f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
             f"CPUs={self.cpus} RealMemory=1000 State=UNKNOWN"
@@ -196,7 +214,7 @@ JobRequeue=1
 MinJobAge=600
 KillWait=2
 InactiveLimit=0
-{node_lines}
+{hooks}{node_lines}
 PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
         )
