@@ -31,7 +31,8 @@ the environment wins over the file:
     REBOUND_TOKEN           an ingest token of the cluster, or REBOUND_TOKEN_FILE
     REBOUND_SLURM_JOBS      a regular expression: only jobs whose key it finds are
                             reported (default: every job)
-    REBOUND_HOOK_TIMEOUT_S  the most a hook takes, in seconds (default 5)
+    REBOUND_HOOK_TIMEOUT_S  the most a hook takes, in seconds (default 5, at most 15:
+                            the shell scripts kill a run at 20 s)
     REBOUND_HOOK_LOG        a file each hook appends one line to (default: none)
     REBOUND_PYTHON          the python the shell scripts run (read by them, not here)
 """
@@ -56,6 +57,7 @@ from common.vocabulary import JOB_KEY, NODE_NAME
 CONFIG_FILE = "/etc/rebound/node.env"
 INGEST_PATH = "/api/v1/ingest"
 DEFAULT_TIMEOUT_S = 5.0
+MAX_TIMEOUT_S = 15.0
 HOOKS = ("prolog", "epilog")
 # Rebound's own drain reasons (recovery/drivers/slurm/parse.py: PREFIX; the agent imports
 # no app, tests/agent/test_slurm_node.py keeps the two equal).
@@ -270,14 +272,17 @@ def events_for(hook: Hook, *, key: str, node: str, job_id: str, now: float) -> l
     return events
 
 
-def post(url: str, token: str, events: list[dict], timeout_s: float) -> tuple[int, str]:
-    """POST the events to the console's ingest; (status, the answer's first 300 chars)."""
+def post(url: str, token: str, events: list[dict], remaining) -> tuple[int, str]:
+    """POST the events to the console's ingest within `remaining()` seconds (connecting
+    and answering together); (status, the answer's first 300 characters)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"REBOUND_URL must be http(s)://host[:port][/prefix], not {url!r}")
     cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = cls(parts.netloc.rpartition("@")[2], timeout=timeout_s)
+    conn = cls(parts.netloc.rpartition("@")[2], timeout=max(0.1, remaining()))
     try:
+        conn.connect()
+        conn.sock.settimeout(max(0.1, remaining()))  # what connecting left of the budget
         conn.request(
             "POST",
             parts.path.rstrip("/") + INGEST_PATH,
@@ -319,10 +324,9 @@ def run(hook: Hook) -> str:
     if wanted and not re.search(wanted, key):
         return f"job {key} is not one REBOUND_SLURM_JOBS={wanted!r} reports"
     events = events_for(hook, key=key, node=node, job_id=job_id, now=time.time())
-    budget = hook.remaining()
-    if budget <= 0.2:
+    if hook.remaining() <= 0.2:
         return f"out of time before reaching the console ({hook.timeout_s:g} s)"
-    status, answer = post(url, token, events, budget)
+    status, answer = post(url, token, events, hook.remaining)
     kinds = ", ".join(e["kind"] for e in events)
     if status in (200, 201, 202):
         return f"job {key}: sent {kinds}"
@@ -338,7 +342,7 @@ def main(argv=None, environ=None) -> int:
         hook.config = load_config(hook.environ)
         with contextlib.suppress(ValueError):
             timeout_s = float(hook.config.get("REBOUND_HOOK_TIMEOUT_S") or DEFAULT_TIMEOUT_S)
-            hook.timeout_s = max(0.5, timeout_s)
+            hook.timeout_s = min(max(0.5, timeout_s), MAX_TIMEOUT_S)
         if hook.name not in HOOKS:
             raise ValueError(f"usage: python -m agent.slurm_node {{{','.join(HOOKS)}}}")
         done = run(hook)

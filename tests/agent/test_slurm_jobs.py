@@ -327,4 +327,6 @@ def test_a_requeued_torch_job_is_a_new_launch_each_run_and_finishes(
         ("node2", "prolog", 1),
     ]
     assert sorted(e.node for e in epilogs) == ["node1", "node1", "node2", "node2"]
+    # Node reports after the finish change nothing of the job's.
+    assert api.get(f"/api/v1/jobs/{job}/").json()["status"] == "completed"
     print(f"requeued torch job: a rank killed at {killed_at:.1f} s, finished at {wall:.1f} s")
