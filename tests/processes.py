@@ -33,12 +33,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _stop(process: subprocess.Popen, timeout: float = 20) -> str:
+def _stop(process: subprocess.Popen, timeout: float = 20, *, group: bool = False) -> str:
+    """SIGTERM, then SIGKILL after `timeout`; with `group` (a process started in a
+    session of its own), SIGKILL goes to its whole group: a child left behind (a
+    worker's beat) would hold the output pipe open and the read would never end."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
     try:
         out, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        if group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
         process.kill()
         out, _ = process.communicate()
     return out or ""
@@ -91,7 +97,7 @@ def celery_worker(
             # The worker died: its beat, left behind, would hold the output pipe open.
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(worker.pid, signal.SIGKILL)
-        worker.output = _stop(worker)
+        worker.output = _stop(worker, group=beat_schedule is not None)
 
 
 class Server:

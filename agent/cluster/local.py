@@ -369,9 +369,15 @@ class LocalCluster:
         control.write_json(self.attempt_dir(job, st["attempt"]) / "stop.json", {"by": by})
         procs_path = self.attempt_dir(job, st["attempt"]) / "procs.json"
         procs = control.read_json(procs_path) or {}
+        supervisor = (procs.get("supervisor_pid"), procs.get("supervisor_start"))
         if st["state"] in RUNNING:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(procs.get("supervisor_pid") or 0, signal.SIGTERM)
+            # Only a supervisor seen alive, by its pid and start time, is signalled: a
+            # launch still starting has recorded none (and os.kill(0) would signal this
+            # process's own group), and a pid recorded may be another process's by now.
+            # One still starting reads stop.json as it runs.
+            if alive(*supervisor):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(supervisor[0], signal.SIGTERM)
             try:
                 return self.wait(job, timeout_s)
             except TimeoutError:

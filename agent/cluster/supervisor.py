@@ -164,6 +164,9 @@ class Supervisor:
         while True:
             exited = self.poll()
             failed = [r for r in exited if r["returncode"] != 0]
+            # A stop asked for before this supervisor was recorded came as stop.json only.
+            if not self.stop_requested and (self.dir / "stop.json").exists():
+                self.stop_requested = True
             if self.stop_requested:
                 self.record["state"] = "stopping"
                 self.write()

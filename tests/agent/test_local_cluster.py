@@ -7,6 +7,8 @@ Events are captured with the cluster's FileSink."""
 
 import math
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -287,6 +289,30 @@ def test_stop_ends_a_launch_as_killed(cluster):
     (ended,) = events(cluster, "stopped", "attempt_ended")
     assert ended["data"] == {"reason": "killed", "requested_by": "operator"}  # not a fault
     assert "fault" not in {e["kind"] for e in events(cluster, "stopped")}
+
+
+def test_stop_signals_only_a_supervisor_it_can_name(cluster):
+    """A launch whose supervisor has not recorded itself yet is stopped through its
+    stop.json: no pid is signalled (os.kill(0) would hit the caller's own group, a
+    Celery worker running the local driver)."""
+    cluster.launch("early", nodes=["n3", "n4"], steps=100_000, ckpt_every=10_000, **TRAIN)
+    adir = cluster.attempt_dir("early", cluster.current_attempt("early"))
+    (adir / "procs.json").unlink()  # as when the supervisor is still starting
+    assert cluster.status("early")["state"] == "starting"
+    code = (
+        "import sys; from agent.cluster import LocalCluster;"
+        " print(LocalCluster(sys.argv[1]).stop('early', timeout_s=30)['state'])"
+    )
+    stopper = subprocess.run(
+        [sys.executable, "-c", code, str(cluster.root)],
+        start_new_session=True,  # what it signals by mistake stays in its own group
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert stopper.returncode == 0, stopper.stderr[-2000:]
+    assert stopper.stdout.strip() == "killed"
+    assert all(gone(r["pid"]) for r in cluster.status("early")["ranks"])
 
 
 def test_every_event_emitted_is_valid_wire_format_v1(cluster, base):
