@@ -1,6 +1,10 @@
 """The launcher wrapper: `python -m agent.launch [options] -- <command...>` in front of
 `torchrun ...`, `srun ...` or `python train.py`, reporting what the ranks cannot.
 
+Long module: one small program read top to bottom (the exit and its reason, the
+watch of launch.json and the workers, the sender, the wrapper), kept in one file
+that runs with the standard library alone.
+
 Standard library only (no torch, no Django). The ranks report their launches
 themselves (`agent.init`); a launch that dies cannot say so, and a launcher that
 restarts blindly cannot be told to stop. The wrapper:
@@ -24,7 +28,8 @@ restarts blindly cannot be told to stop. The wrapper:
   (`attempt_ended`, `EXIT_REASONS` below), saying in `data` whether it had become
   ready and on which node the wrapper ran; with no `launch.json` at all the job never
   reached `agent.init()`: the wrapper reserves a launch number of its own and sends
-  `attempt_started` and `attempt_ended` failed, `data.never_started` true.
+  `attempt_started` and `attempt_ended` failed, `data.never_started` true (under
+  `srun`, one wrapper per node, only task 0's: SLURM_PROCID 0).
 
 The exit and its reason (`exit_reason`):
 
@@ -537,8 +542,8 @@ class Launcher:
     def _never_started(self, end: dict) -> None:
         """No launch.json: the job never reached agent.init(); a launch of the wrapper's
         own says so, so that the console sees the attempt and why it failed."""
-        if self.sender is None:
-            return
+        if self.sender is None or self.environ.get("SLURM_PROCID", "0") != "0":
+            return  # one wrapper per node under srun: task 0's says it for the job
         identity = f"launcher:{self.env.node}/" + launch_identity(self.env, new_nonce())
         identity = identity[-200:]
         try:
