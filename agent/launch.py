@@ -153,10 +153,22 @@ def _user() -> str:
         return "someone"
 
 
-def oom_kills(path: str = "/sys/fs/cgroup/memory.events") -> int | None:
-    """The OOM kills of this cgroup so far (cgroup v2), or None where unknown."""
+def cgroup_events(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> str:
+    """This process's cgroup v2 `memory.events` file (where the kernel counts OOM kills)."""
     try:
-        with open(path, encoding="ascii") as f:
+        with open(proc_cgroup, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    return os.path.join(root, line[3:].strip().lstrip("/"), "memory.events")
+    except OSError:
+        pass
+    return os.path.join(root, "memory.events")
+
+
+def oom_kills(path: str | None = None) -> int | None:
+    """The OOM kills in this cgroup so far (cgroup v2), or None where unknown."""
+    try:
+        with open(path or cgroup_events(), encoding="ascii") as f:
             for line in f:
                 name, _, value = line.partition(" ")
                 if name == "oom_kill":

@@ -16,9 +16,11 @@ import pytest
 from agent.launch import (
     EXIT_REFUSED,
     Watch,
+    cgroup_events,
     event_id,
     exit_reason,
     guess_script,
+    oom_kills,
     read_launch,
     split_exit,
     status_data,
@@ -106,6 +108,16 @@ def test_exit_codes_and_wait_statuses():
     assert status_data(None) == {}
     assert status_data(9) == {"exit_code": 137, "signal": "SIGKILL"}  # killed by SIGKILL
     assert status_data(3 << 8) == {"exit_code": 3}
+
+
+def test_oom_kills_are_read_from_this_processs_cgroup(tmp_path):
+    (tmp_path / "cgroup").write_text("0::/slurm/job_42/step_0\n")
+    events = tmp_path / "fs" / "slurm" / "job_42" / "step_0" / "memory.events"
+    assert cgroup_events(str(tmp_path / "cgroup"), str(tmp_path / "fs")) == str(events)
+    assert oom_kills(str(events)) is None  # no such file: unknown
+    events.parent.mkdir(parents=True)
+    events.write_text("low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\n")
+    assert oom_kills(str(events)) == 2
 
 
 def test_the_script_a_command_runs_names_the_job():
