@@ -30,9 +30,9 @@ wall time noted; the figure is that kill -> the first step the next launch repor
 
 Columns, in seconds from the kill: total (the next launch's first step), started (its
 `attempt_started` stamp: for torchrun the new workers' start, after its rendezvous; for
-Rebound the relaunch's plan, before its processes start), ready (its first step
-begins, after importing torch, the process group and the restore), restore (loading
-the checkpoint); for Rebound also the incident open and the driver's start. Prints
+Rebound the relaunch's plan, before its processes start), ready (its processes
+up: torch imported, the process group formed), restore (loading the checkpoint, after
+ready); for Rebound also the incident open and the driver's start. Prints
 every run, the medians and the ratio (2) / (1), against the target: (2) within 1.2x
 of (1). Uses its own database (`rebound_bench`); deletes this run's jobs and
 token at the end (unless --keep). Exit status 0 when the target passes, 2 when it
