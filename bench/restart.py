@@ -355,7 +355,12 @@ def main() -> int:
         else:
             shutil.rmtree(var_dir, ignore_errors=True)
             delete_jobs(prefix)
-            Cluster.objects.filter(name=cluster_name).delete()
+            from recovery.models import Action
+
+            # The cluster's nodes are kept by the actions recovery proposed on them.
+            Action.objects.filter(cluster__name=cluster_name).delete()
+            with contextlib.suppress(Exception):
+                Cluster.objects.filter(name=cluster_name).delete()
         token_obj.delete()
 
     if failed:
