@@ -61,6 +61,7 @@ import json
 import os
 import queue
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -383,6 +384,7 @@ class Launcher:
     ):
         self.command = command
         self.environ = dict(os.environ if environ is None else environ)
+        self.own_state_dir = not state_dir  # a temporary one, removed at the end
         self.state_dir = state_dir or tempfile.mkdtemp(prefix="rebound-launch-")
         self.poll_s = poll_s
         self.started_at = time.time()
@@ -404,7 +406,7 @@ class Launcher:
     def _forward(self, signum, _frame) -> None:
         if signum in (signal.SIGTERM, signal.SIGINT) and self.told is None:
             self.told = signum
-        if self.child is not None and self.child.poll() is None:
+        if self.child is not None and self.child.returncode is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.child.pid, signum)
 
@@ -436,7 +438,11 @@ class Launcher:
                 signal.signal(s, handler)
         oom_after = oom_kills()
         oom = oom_before is not None and oom_after is not None and oom_after > oom_before
-        return self._finish(returncode, oom=oom)
+        try:
+            return self._finish(returncode, oom=oom)
+        finally:
+            if self.own_state_dir:
+                shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def _supervise(self) -> int:
         child = self.child
