@@ -253,7 +253,10 @@ class Reservation:
     created: bool
 
 
-def _post(url: str, token: str, body: dict, timeout_s: float) -> tuple[int, dict, str | None]:
+def _post(
+    url: str, token: str, body: dict, timeout_s: float, path: str = LAUNCHES_PATH
+) -> tuple[int, dict, str | None]:
+    """POST `body` to `path` under the console's `url`: (status, JSON answer, Retry-After)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"REBOUND_URL must be http(s)://host[:port][/prefix], not {url!r}")
@@ -264,7 +267,7 @@ def _post(url: str, token: str, body: dict, timeout_s: float) -> tuple[int, dict
     try:
         conn.request(
             "POST",
-            parts.path.rstrip("/") + LAUNCHES_PATH,
+            parts.path.rstrip("/") + path,
             body=json.dumps(body),
             headers={
                 "Authorization": f"Bearer {token}",

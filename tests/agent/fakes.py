@@ -1,7 +1,8 @@
 """Stand-ins for the reporter's tests: a fake ingest endpoint and a TCP proxy.
 
 `FakeConsole` answers `POST /api/v1/ingest` like the console does (dedup on
-id, 400 naming bad indexes, 401 for a wrong token) and can be told to fail
+id, 400 naming bad indexes, 401 for a wrong token), hands out launch numbers
+(`POST /api/v1/launches`) and can be told to fail
 the next requests, answer slowly, or stop and start again on the same port.
 `TcpProxy` sits between a reporter and a real server and can be cut.
 """
@@ -43,6 +44,7 @@ class FakeConsole:
         self.lock = threading.Lock()
         self.stored: dict[str, dict] = {}  # id -> event, the first delivery wins
         self.order: list[str] = []
+        self.launches: dict[str, dict[str, int]] = {}  # job -> launch identity -> number
         self.requests: list[Request] = []
         # What the next requests get: a status, (status, headers), or ("slow", seconds):
         # stored as usual, but the answer comes that much later.
@@ -101,6 +103,16 @@ class FakeConsole:
         time.sleep(slow)
         return status, body, extra
 
+    def launch(self, body):
+        """`POST /api/v1/launches`: a number per launch identity, as the console hands out."""
+        with self.lock:
+            job = self.launches.setdefault(body["job"], {})
+            created = body["launch"] not in job
+            if created:
+                job[body["launch"]] = len(job) + 1
+            answer = {"job": body["job"], "attempt": job[body["launch"]], "launch": body["launch"]}
+        return (201 if created else 200), {**answer, "created": created}
+
     def _ingest(self, events):
         errors = []
         for i, ev in enumerate(events):
@@ -146,10 +158,13 @@ def _handler(console: FakeConsole):
             raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             gz = self.headers.get("Content-Encoding") == "gzip"
             body = gzip.decompress(raw) if gz else raw
-            events = json.loads(body)["events"]
-            status, payload, extra = console.answer(
-                self.path, self.headers, events, len(raw), len(body), gz
-            )
+            if self.path == "/api/v1/launches":
+                (status, payload), extra = console.launch(json.loads(body)), {}
+            else:
+                events = json.loads(body)["events"]
+                status, payload, extra = console.answer(
+                    self.path, self.headers, events, len(raw), len(body), gz
+                )
             data = json.dumps(payload).encode()
             try:
                 self.send_response(status)
