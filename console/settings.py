@@ -208,7 +208,10 @@ if REDIS_URL:
         # the outbox (common.outbox) keeps the work until the broker is back.
         "socket_connect_timeout": 2,
         "socket_timeout": 10,  # above the BRPOP wait (1 s)
-        "retry_on_timeout": True,
+        # No retry inside redis-py (retry_on_timeout would turn it on, for every
+        # connection error too): a pub/sub read it retried after a broker restart
+        # reconnects and then blocks with no timeout, and the worker's event loop with
+        # it. A connection error reaches Celery, which reconnects.
         "health_check_interval": 10,
         # An unacknowledged task (its worker died) is delivered again after this;
         # above the longest task time limit (120 s).

@@ -148,12 +148,6 @@ def crash_incidents(job):
     return Incident.objects.filter(job__key=job, fault_type="crash")
 
 
-@pytest.mark.skip(
-    reason="flaky in full CI runs (2 of 3), never alone nor with its file under load (7 of 7);"
-    " in one full run a worker of this file took a SIGTERM from outside mid-test (a warm"
-    " shutdown in its log) whose sender is not found; the three-restarts test holds the"
-    " worker's survival"
-)
 def test_the_worker_outlives_a_redis_kill_and_a_sigterm_restart(stack, redis_server, t0):
     server, worker, token, log = stack
     post(server, token, launch("k", 1, t0))

@@ -1,8 +1,11 @@
-"""The embedded broker writes each message file whole: a reader never sees part of one."""
+"""The brokers: the embedded one writes each message file whole (a reader never sees part
+of one); Redis connections leave reconnecting to Celery."""
 
 import json
 import os
 
+import pytest
+from django.conf import settings
 from kombu import Connection
 
 from console.broker import Channel
@@ -32,3 +35,17 @@ def test_a_message_file_appears_only_when_complete(tmp_path, monkeypatch):
     assert isinstance(channel, Channel)
     assert channel._get("q")["body"] == "x" * 100_000
     conn.release()
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="the Redis broker's options (set REDIS_URL)")
+def test_redis_connections_leave_reconnecting_to_celery():
+    """redis-py retries nothing on the broker's connections: a pub/sub read it retried
+    after a broker restart reconnected and then blocked with no timeout, and the
+    worker's event loop with it (the broker-outage tests hung that way)."""
+    with Connection(
+        settings.CELERY_BROKER_URL,
+        transport_options=settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+    ) as conn:
+        kwargs = conn.default_channel.pool.connection_kwargs
+        connection = conn.default_channel.pool.connection_class(**kwargs)
+        assert connection.retry.get_retries() == 0, kwargs
