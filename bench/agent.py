@@ -95,7 +95,7 @@ import tempfile
 import time
 import uuid
 
-from harness import DEFAULT_DATABASE_URL, ROOT, setup_django, verdict
+from harness import DEFAULT_DATABASE_URL, ROOT, BenchError, setup_django, until, verdict
 from ingest import (
     children,
     free_port,
@@ -127,21 +127,6 @@ TRAINED = re.compile(
 RECOVERY_TRAIN = {"steps": 100_000, "ckpt_every": 20}
 # The live demo's model and batch (agent/demo.py), the job whose step time the overhead is of.
 DEMO_MODEL = {k: DEMO[k] for k in ("d_model", "layers", "seq_len", "global_batch", "micro_batch")}
-
-
-class BenchError(Exception):
-    pass
-
-
-def until(condition, what: str, timeout_s: float, interval_s: float = 0.01):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise BenchError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(interval_s)
 
 
 def pct(values: list[float], q: float) -> float:

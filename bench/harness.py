@@ -1,4 +1,5 @@
-"""What both benchmarks share: their own PostgreSQL database, migrated, and Django set up on it.
+"""What the benchmarks share: their own PostgreSQL database, migrated, Django set up on it,
+and waiting for a condition.
 
 The benchmarks use a database of their own (`rebound_bench` by default) so they
 never touch a database tests or people are using.
@@ -6,6 +7,7 @@ never touch a database tests or people are using.
 
 import os
 import sys
+import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -48,3 +50,20 @@ def pg_connect(url: str, **kwargs) -> psycopg.Connection:
 
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
+
+
+class BenchError(Exception):
+    """A benchmark run that could not be measured."""
+
+
+def until(condition, what: str, timeout_s: float, interval_s: float = 0.01):
+    """`condition()`'s first true value, polled every `interval_s`; BenchError after
+    `timeout_s` naming `what` was waited for."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise BenchError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(interval_s)

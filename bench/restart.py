@@ -52,7 +52,7 @@ import tempfile
 import time
 import uuid
 
-from harness import DEFAULT_DATABASE_URL, ROOT, setup_django, verdict
+from harness import DEFAULT_DATABASE_URL, ROOT, BenchError, setup_django, until, verdict
 from ingest import free_port, start_server, start_worker, stop_server, wait_ready
 
 sys.path.insert(0, str(ROOT))  # ahead of bench/ (bench/agent.py would shadow `agent`)
@@ -69,21 +69,6 @@ TRAIN = {
     "steps": 100_000,
     "ckpt_every": CKPT_EVERY,
 }
-
-
-class BenchError(Exception):
-    pass
-
-
-def until(condition, what: str, timeout_s: float, interval_s: float = 0.02):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise BenchError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(interval_s)
 
 
 # --- 1. torchrun restarts by itself --------------------------------------------------------
