@@ -83,8 +83,13 @@ class Launch:
         self.world_size = world_size
         self.gpus_per_node = env.local_world_size or -(-world_size // max(1, len(nodes)))
         self._digest = identity_digest(identity) if identity else ""
+        # One launch.json per node, for the node's wrapper; only rank 0's reports.
         self.state = LaunchState(
-            env.state_dir if rank == 0 else None, job=env.job, attempt=attempt, launch=identity
+            env.state_dir if env.local_rank == 0 else None,
+            job=env.job,
+            attempt=attempt,
+            launch=identity,
+            reports=rank == 0,
         )
 
     def event_id(self, kind: str) -> str:
@@ -159,8 +164,9 @@ def init(
         _, code, detail, identity = answer
         if rank == 0:
             _say(f"the console refused launch {identity!r} of job {env.job} ({code}): {detail}")
+        if env.local_rank == 0:  # every node's wrapper stops its launcher
             LaunchState(env.state_dir, job=env.job, attempt=None, launch=identity).save(
-                refused={"code": code, "detail": detail}, ended=True
+                refused={"code": code, "detail": detail}, ended=True, reports=rank == 0
             )
         raise SystemExit(EXIT_REFUSED)
     if answer[0] == "off":
@@ -203,7 +209,7 @@ def init(
             ts=started_at,
             extra=data,
         )
-        launch.state.save()
+    launch.state.save()  # on each node's local rank 0 (the others keep no file)
     if isinstance(model, DistributedDataParallel):
         inst.attach(model, process_group)
     return inst

@@ -318,6 +318,7 @@ def main(argv=None) -> int:
             window=args.window,
             heartbeat_s=args.heartbeat_s or None,
             heartbeat_muted=lambda: not flags.heartbeats(),
+            measure_cost=True,  # the TRAINED line's agent cost (bench/agent.py)
         )
     nodes = [n for n in args.nodes.split(",") if n] or [args.node]
     inst.attempt_started(

@@ -28,8 +28,11 @@ restarts blindly cannot be told to stop. The wrapper:
   (`attempt_ended`, `EXIT_REASONS` below), saying in `data` whether it had become
   ready and on which node the wrapper ran; with no `launch.json` at all the job never
   reached `agent.init()`: the wrapper reserves a launch number of its own and sends
-  `attempt_started` and `attempt_ended` failed, `data.never_started` true (under
-  `srun`, one wrapper per node, only task 0's: SLURM_PROCID 0).
+  `attempt_started` and `attempt_ended` failed, `data.never_started` true (only on
+  the job's first node: `first_node`).
+- on a node without rank 0 (one wrapper per node of a multi-node job), `launch.json`
+  says `reports: false`: the wrapper stops a refused launch as above, and leaves the
+  ending of launches to rank 0's node.
 
 The exit and its reason (`exit_reason`):
 
@@ -92,6 +95,29 @@ SCRIPT_SUFFIXES = (".py", ".sh", ".sbatch", ".slurm")
 
 def _say(message: str) -> None:
     print(f"rebound launch: {message}", file=sys.stderr, flush=True)
+
+
+def first_node(command: list[str], environ) -> bool:
+    """Whether this wrapper runs on the job's first node, the one that reports a launch
+    that never started: task 0's under `srun`; under a torchrun of several nodes only
+    the one given `--node-rank 0` (with an elastic rendezvous no node knows it is
+    first, so none says it); any other command runs on one node."""
+    if "SLURM_PROCID" in environ:  # under srun (or in a batch script: task 0)
+        return environ["SLURM_PROCID"] == "0"
+    if not any(
+        os.path.basename(a).startswith("torchrun") or a == "torch.distributed.run"
+        for a in command[:4]
+    ):
+        return True
+    options = {}
+    for i, arg in enumerate(command):
+        name, eq, value = arg.partition("=")
+        if name in ("--nnodes", "--node-rank", "--node_rank"):
+            options[name.replace("_", "-")] = value if eq else (command[i + 1 : i + 2] or [""])[0]
+    most = options.get("--nnodes", "1").rpartition(":")[2]
+    if not most.isdigit() or int(most) <= 1:
+        return True
+    return options.get("--node-rank") == "0"
 
 
 # --- the exit and its reason -------------------------------------------------------------
@@ -510,8 +536,8 @@ class Launcher:
 
     def _end_superseded(self, launch: dict, now: float) -> None:
         """A launch that a restart replaced before it ended: a rank died."""
-        if self.env is None:
-            return
+        if self.env is None or launch.get("reports") is False:
+            return  # rank 0's node ends it
         death_ts, status = launch.get("_death") or (None, None)
         data = {
             "reason": "failed",
@@ -546,7 +572,7 @@ class Launcher:
             end = exit_reason(returncode, told=self.told, oom=oom)
             if current is None:
                 self._never_started(end)
-            elif not current.get("ended"):
+            elif not current.get("ended") and current.get("reports") is not False:
                 ts = self.watch.death_ts if end["reason"] == "failed" else None
                 data = {**end, **self._common(current)}
                 if not current.get("ready"):
@@ -560,8 +586,11 @@ class Launcher:
     def _never_started(self, end: dict) -> None:
         """No launch.json: the job never reached agent.init(); a launch of the wrapper's
         own says so, so that the console sees the attempt and why it failed."""
-        if self.sender is None or self.environ.get("SLURM_PROCID", "0") != "0":
-            return  # one wrapper per node under srun: task 0's says it for the job
+        if self.sender is None:
+            return
+        if not first_node(self.command, self.environ):
+            _say("no launch started on this node; the first node's wrapper reports the job's")
+            return
         identity = f"launcher:{self.env.node}/" + launch_identity(self.env, new_nonce())
         identity = identity[-200:]
         try:

@@ -13,7 +13,7 @@ The environment (`read_env`):
                           Slurm node's name, as the prolog and epilog report it, see
                           agent.slurm_node), else the host name
     REBOUND_HEARTBEAT_S   seconds between a node's heartbeats (default 10; 0: none)
-    REBOUND_LAUNCH_STATE  a directory: rank 0 keeps <dir>/launch.json there (below)
+    REBOUND_LAUNCH_STATE  a directory: local rank 0 keeps <dir>/launch.json there (below)
     REBOUND_LAUNCH_RETRY_S  how long rank 0 keeps asking a console that is away for
                           the launch number before it trains unreported (default 60)
     RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE   torchrun's; under a bare `srun`
@@ -39,13 +39,17 @@ which it says once on stderr. A 409 is the console's gate refusing a new launch
 do); the agent prints the detail and exits the process with EXIT_REFUSED, so that a
 launcher stops rather than restarts blindly.
 
-The launch state (`LaunchState`, when REBOUND_LAUNCH_STATE is set): rank 0 keeps
-`<dir>/launch.json`, replaced atomically at the number, at ready and at the end:
+The launch state (`LaunchState`, when REBOUND_LAUNCH_STATE is set): the process with
+local rank 0 of each node keeps `<dir>/launch.json`, replaced atomically at the number
+and, on rank 0's node, at ready and at the end:
 
-    {"job": "llm-7b", "attempt": 4, "launch": "te:…/n:…", "ready": false, "ended": false}
+    {"job": "llm-7b", "attempt": 4, "launch": "te:…/n:…", "ready": false, "ended": false,
+     "reports": true}
 
-and, when the console refused the launch, `"refused": {"code": ..., "detail": ...}` (with
-`attempt` null): what a launcher wrapper reads to tell a refusal from a crash.
+`reports` is false on the other nodes: their wrappers learn that the launch started (or
+was refused) and leave its ending to rank 0's. When the console refused the launch,
+`"refused": {"code": ..., "detail": ...}` (with `attempt` null): what a launcher wrapper
+reads to tell a refusal from a crash.
 """
 
 from __future__ import annotations
@@ -355,9 +359,9 @@ def reserve(
 
 @dataclass
 class LaunchState:
-    """What rank 0 keeps in `<dir>/launch.json` for a launcher (see the module docstring);
-    `save` replaces the file atomically and never raises (a state file never takes the
-    job down)."""
+    """What a node's local rank 0 keeps in `<dir>/launch.json` for a launcher (see the
+    module docstring); `save` replaces the file atomically and never raises (a state
+    file never takes the job down)."""
 
     directory: str | None
     job: str
@@ -366,6 +370,7 @@ class LaunchState:
     ready: bool = False
     ended: bool = False
     refused: dict | None = None
+    reports: bool = True  # False on a node without rank 0: its wrapper ends nothing
     extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -375,6 +380,7 @@ class LaunchState:
             "launch": self.launch,
             "ready": self.ready,
             "ended": self.ended,
+            "reports": self.reports,
         }
         if self.refused is not None:
             out["refused"] = self.refused

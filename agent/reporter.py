@@ -80,6 +80,10 @@ def _json_default(value):
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
+# One encoder for every event: json.dumps with options builds a new one per call.
+_encode = json.JSONEncoder(separators=(",", ":"), default=_json_default).encode
+
+
 def _finite(data: dict) -> dict:
     """`data` with non-finite floats spelled as the wire format allows ("NaN", ...)."""
     for v in data.values():
@@ -246,7 +250,7 @@ class Reporter:
             if not isinstance(data, dict):
                 raise TypeError(f"data must be a dict, not {type(data).__name__}")
             event["data"] = _finite(data)
-        line = json.dumps(event, separators=(",", ":"), default=_json_default)
+        line = _encode(event)
         if len(line) + 1 + BODY_OVERHEAD > MAX_BODY_BYTES:
             raise ValueError(f"a {kind} event of {len(line)} bytes is over the request limit")
         cls = _CLASS_OF.get(kind, _LIFECYCLE)

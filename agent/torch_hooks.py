@@ -37,8 +37,8 @@ its gradients exist, and `backward()` returns only once every bucket's future
 has completed. So the time a rank was *blocked* on communication is the tail
 from the launch of the last bucket (its backward compute is over then) to the
 completion of the last all-reduce future; communication hidden under compute
-costs nothing and is not counted. `attach` registers a comm hook that wraps
-DDP's default `allreduce_hook` (same numerics) and records both instants, the
+costs nothing and is not counted. `attach` registers a comm hook that does what
+DDP's default `allreduce_hook` does (same numerics) and records both instants, the
 completion from a `then` callback on the future. A fast rank waiting for a slow
 peer shows the wait there; the slow rank itself reaches the all-reduce last
 and waits little. Per step:
@@ -57,6 +57,7 @@ in `with s.comm_wait():`.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import sys
 import threading
@@ -64,7 +65,6 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from agent.checkpoints import checkpoint_path, checkpoint_steps, latest_checkpoint
 from agent.sinks import wire_number
@@ -89,61 +89,99 @@ __all__ = [
 class CommTimer:
     """The DDP comm hook's state: how long backward passes stayed blocked on all-reduce.
 
-    `wait_s` only grows; a step reads how much it grew while the step ran."""
+    The hook marks each bucket's launch and the completion callbacks each completion
+    (appends to a deque, atomic under the GIL: no lock on the hot path); `wait_s`
+    settles the marks in order when read, on the training thread. It only grows; a
+    step reads how much it grew while the step ran. With `measure_cost` the hook also
+    counts its own CPU time in `own_s` (the benchmarks' figure; off, it reads no clock
+    for that)."""
 
-    def __init__(self, process_group=None, clock=time.perf_counter):
+    def __init__(self, process_group=None, clock=time.perf_counter, measure_cost=False):
         self.process_group = process_group
-        self._clock = clock
-        self._lock = threading.Lock()
+        self.measure_cost = measure_cost
+        self.clock = clock
+        self.marks: collections.deque = collections.deque()  # (t, is_last), a done (t, None)
         self._pending = 0
         self._last_launch = 0.0
         self._last_done = 0.0
         self._last_launched = False
-        self.wait_s = 0.0
+        self._wait_s = 0.0
         self.allreduces = 0
-        self.own_s = 0.0  # CPU seconds in the hook's Python code, the launch included
+        # CPU seconds of the hook's Python (with measure_cost), apart per thread: the
+        # hook runs on the training thread, the completions on the collective's.
+        self.hook_s = 0.0
+        self.done_s = 0.0
 
-    def spent(self, seconds: float) -> None:
-        with self._lock:
-            self.own_s += seconds
+    @property
+    def own_s(self) -> float:
+        return self.hook_s + self.done_s
 
     def launched(self, is_last: bool) -> None:
-        with self._lock:
-            self._pending += 1
-            self._last_launch = self._clock()
-            self._last_launched = self._last_launched or is_last
+        self.marks.append((self.clock(), is_last))
 
     def done(self) -> None:
-        with self._lock:
-            now = self._clock()
+        self.marks.append((self.clock(), None))
+
+    @property
+    def wait_s(self) -> float:
+        marks = self.marks
+        while marks:
+            t, is_last = marks.popleft()
+            if is_last is not None:  # a launch
+                self._pending += 1
+                self._last_launch = t
+                self._last_launched = self._last_launched or is_last
+                continue
             self._pending -= 1
             self.allreduces += 1
-            self._last_done = max(self._last_done, now)
+            self._last_done = max(self._last_done, t)
             if self._last_launched and self._pending == 0:
                 # The backward pass is over: its exposed tail is the wait.
-                self.wait_s += max(0.0, self._last_done - self._last_launch)
+                self._wait_s += max(0.0, self._last_done - self._last_launch)
                 self._last_launched = False
                 self._last_done = 0.0
+        return self._wait_s
 
 
 def timed_allreduce_hook(state, bucket):
-    """DDP's default all-reduce, with the launch and completion times recorded.
+    """DDP's default all-reduce (`default_hooks.allreduce_hook`: divide by the world
+    size, all-reduce), with the launch and completion times marked, in one callback.
 
-    (No annotations: DDP checks them against dist.GradBucket, and this module's
+    With `state.measure_cost`, its own CPU time is counted (`state.own_s`), leaving out the
+    division and the collective's launch: DDP's built-in hook does both without the
+    agent. (No annotations: DDP checks them against dist.GradBucket, and this module's
     postponed annotations would be strings.)"""
-    t0 = time.thread_time()  # CPU time: what the agent costs, whatever else runs
+    if state.measure_cost:
+        return _costed_allreduce_hook(state, bucket)
+    marks, clock = state.marks, state.clock
+    marks.append((clock(), bucket.is_last()))
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    work = dist.all_reduce(bucket.buffer().div_(group.size()), group=group, async_op=True)
+
+    def _done(f):
+        marks.append((clock(), None))
+        return f.value()[0]
+
+    return work.get_future().then(_done)
+
+
+def _costed_allreduce_hook(state, bucket):
+    t0 = time.thread_time()
     state.launched(bucket.is_last())
-    fut = default_hooks.allreduce_hook(state.process_group, bucket)
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    t1 = time.thread_time()
+    work = dist.all_reduce(bucket.buffer().div_(group.size()), group=group, async_op=True)
+    t2 = time.thread_time()
 
     def _done(f):
         t = time.thread_time()
         state.done()
-        value = f.value()
-        state.spent(time.thread_time() - t)
+        value = f.value()[0]
+        state.done_s += time.thread_time() - t
         return value
 
-    fut = fut.then(_done)
-    state.spent(time.thread_time() - t0)
+    fut = work.get_future().then(_done)
+    state.hook_s += (t1 - t0) + (time.thread_time() - t2)
     return fut
 
 
@@ -154,8 +192,26 @@ def _number(v):
     if v is None:
         return None
     if isinstance(v, torch.Tensor):
-        v = v.detach().float().item()
+        v = v.item()  # any dtype; no autograd involved
     return wire_number(float(v))
+
+
+class _Wait:
+    """A `with` block whose wall time is added to a StepTimer's field (a plain class:
+    a generator-based context manager costs several times more per block)."""
+
+    __slots__ = ("_field", "_t", "_timer")
+
+    def __init__(self, timer: StepTimer, field: str):
+        self._timer, self._field = timer, field
+
+    def __enter__(self) -> None:
+        self._t = self._timer._clock()
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        timer = self._timer
+        setattr(timer, self._field, getattr(timer, self._field) + timer._clock() - self._t)
+        return False
 
 
 class StepTimer:
@@ -181,30 +237,22 @@ class StepTimer:
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is None:
-            t = time.thread_time()
+            inst = self.instrument
+            t = time.thread_time() if inst.measure_cost else 0.0
             # Reading a loss tensor waits for the step's kernels (on GPU): before the clock.
             self.loss, self.grad_norm = _number(self.loss), _number(self.grad_norm)
-            self.instrument._finish(self, self._clock() - self._t0)
-            self.instrument.own_s += time.thread_time() - t
+            inst._finish(self, self._clock() - self._t0)
+            if inst.measure_cost:
+                inst.own_s += time.thread_time() - t
         return False
 
-    @contextlib.contextmanager
-    def data_wait(self):
+    def data_wait(self) -> _Wait:
         """Time spent waiting for input (loading, collating, host-to-device)."""
-        t = self._clock()
-        try:
-            yield
-        finally:
-            self.data_wait_s += self._clock() - t
+        return _Wait(self, "data_wait_s")
 
-    @contextlib.contextmanager
-    def comm_wait(self):
+    def comm_wait(self) -> _Wait:
         """Time blocked on a collective outside DDP's gradient all-reduce."""
-        t = self._clock()
-        try:
-            yield
-        finally:
-            self.comm_wait_s += self._clock() - t
+        return _Wait(self, "comm_wait_s")
 
     def report(self, *, loss=None, grad_norm=None, tokens=None) -> None:
         """What the `step` event carries (tensors are read with `.item()`)."""
@@ -281,6 +329,7 @@ class Instrument:
         heartbeat_s: float | None = None,
         heartbeat_muted=None,
         clock=time.perf_counter,
+        measure_cost: bool = False,
     ):
         if rank is None:
             rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
@@ -291,6 +340,9 @@ class Instrument:
         self.window = max(1, int(window))
         self.report_rank = report_rank
         self.clock = clock
+        # Count the agent's own CPU time (`cost()`): the benchmarks' figure, a few clock
+        # reads per step that a job need not pay.
+        self.measure_cost = measure_cost
         self.comm: CommTimer | None = None
         self.last: dict | None = None  # the last step's timing
         self._rows: list[tuple[int, float, float, float, float]] = []
@@ -345,7 +397,7 @@ class Instrument:
 
     def attach(self, ddp_model, process_group=None) -> CommTimer:
         """Registers the timed all-reduce comm hook on a DistributedDataParallel model."""
-        self.comm = CommTimer(process_group, clock=self.clock)
+        self.comm = CommTimer(process_group, clock=self.clock, measure_cost=self.measure_cost)
         ddp_model.register_comm_hook(self.comm, timed_allreduce_hook)
         return self.comm
 
@@ -449,8 +501,7 @@ class Instrument:
         self.attempt_ended(reason, exit_code=exit_code)
         if finished and self.reports:
             self.emit("job_finished", event_id=self.launch.event_id("job_finished"))
-        if self.reports:
-            self.launch.state.save(ended=True)
+        self.launch.state.save(ended=True)  # a no-op but on a node's local rank 0
         if self._owns_emitter:
             self.emitter.close()
 
@@ -472,10 +523,10 @@ class Instrument:
 
     def cost(self) -> dict:
         """What the agent itself has cost this process so far, in CPU seconds (so other
-        work on the cores neither hides nor inflates it): its work on the training
-        thread (step bookkeeping and events, plus the comm hook's Python, the
-        all-reduce launch included: an upper bound) and its threads (the reporter's
-        sender, the heartbeat)."""
+        work on the cores neither hides nor inflates it), counted with `measure_cost`
+        (zeros without): its work on the training thread (step bookkeeping and events,
+        the comm hook's Python and its completions, the clock reads that count them)
+        and its threads (the reporter's sender, the heartbeat)."""
         hook_s = self.comm.own_s if self.comm is not None else 0.0
         return {"main_s": self.own_s + hook_s, "threads_cpu_s": agent_threads_cpu_s()}
 

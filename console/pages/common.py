@@ -75,6 +75,7 @@ def job_heard(job, now) -> dict:
     running job not heard from lately) and how long ago it was last heard from."""
     a = job_selectors.job_activity(job, now=now)
     return {
+        "id": job.pk,
         "activity": a.activity,
         "silent": a.silent,
         "last_heard_at": a.last_heard_at,

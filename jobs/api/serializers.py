@@ -66,7 +66,20 @@ class CheckpointSerializer(serializers.ModelSerializer):
 
 
 class AttemptSerializer(serializers.ModelSerializer):
+    """A launch; its queryset comes from `selectors.job_attempts` (effective ends)."""
+
     nodes = serializers.SerializerMethodField()
+    ended_at = serializers.DateTimeField(
+        source="ended_at_effective",
+        allow_null=True,
+        read_only=True,
+        help_text="Its `attempt_ended`, or else the next launch's start (`end_inferred`).",
+    )
+    end_inferred = serializers.BooleanField(
+        read_only=True,
+        help_text="True when the launch sent no `attempt_ended` and the next launch's "
+        "start ended it (it died without a word).",
+    )
     duration_s = serializers.SerializerMethodField()
 
     class Meta:
@@ -79,6 +92,7 @@ class AttemptSerializer(serializers.ModelSerializer):
             "started_at",
             "ready_at",
             "ended_at",
+            "end_inferred",
             "end_reason",
             "exit_code",
             "duration_s",
@@ -88,9 +102,9 @@ class AttemptSerializer(serializers.ModelSerializer):
         return sorted(n.name for n in obj.nodes.all())
 
     def get_duration_s(self, obj) -> float | None:
-        if obj.started_at is None or obj.ended_at is None:
+        if obj.started_at is None or obj.ended_at_effective is None:
             return None
-        return (obj.ended_at - obj.started_at).total_seconds()
+        return (obj.ended_at_effective - obj.started_at).total_seconds()
 
 
 class CurrentAttemptSerializer(serializers.ModelSerializer):

@@ -23,7 +23,6 @@ from jobs.selectors.activity import (
 )
 from jobs.selectors.charts import job_checkpoint_groups, job_rank_heatmap
 from jobs.selectors.launches import (
-    FAILED_ENDS,
     attach_summaries,
     attempts_latest_first,
     checkpoints_durable_latest_first,
@@ -36,6 +35,7 @@ from jobs.selectors.launches import (
     job_recent_checkpoints,
     job_status,
     launch_node_names,
+    with_effective_end,
 )
 from jobs.selectors.ledger import (
     job_goodput,
@@ -58,7 +58,6 @@ from jobs.selectors.steps import (
 __all__ = [
     "ACTIVITIES",
     "BUCKET_COLUMNS",
-    "FAILED_ENDS",
     "SILENT",
     "JobActivity",
     "StepBuckets",
@@ -90,4 +89,5 @@ __all__ = [
     "launch_order",
     "snapshot_usable",
     "step_buckets_key",
+    "with_effective_end",
 ]

@@ -4,7 +4,16 @@ gives it."""
 
 from datetime import datetime
 
-from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
+from django.db.models import (
+    BooleanField,
+    ExpressionWrapper,
+    OuterRef,
+    Prefetch,
+    Q,
+    QuerySet,
+    Subquery,
+)
+from django.db.models.functions import Coalesce
 
 from jobs.models import Attempt, Checkpoint, TrainingJob
 from jobs.selectors.activity import jobs_silent_q
@@ -88,8 +97,30 @@ def attach_summaries(jobs: list[TrainingJob]) -> None:
         j.last_durable_checkpoint = checkpoints.get(j.last_durable_checkpoint_id)
 
 
+def with_effective_end(qs: QuerySet[Attempt]) -> QuerySet[Attempt]:
+    """Launches annotated with when they ended as the accounting has it: `ended_at_effective`
+    is the launch's `attempt_ended`, or else the start of the next launch (a launch that
+    died without a word is over once the next one starts), and `end_inferred` says it
+    was the latter. The stored row is left as it was received."""
+    next_start = Subquery(
+        Attempt.objects.filter(
+            job=OuterRef("job"), number__gt=OuterRef("number"), started_at__isnull=False
+        )
+        .order_by("number")
+        .values("started_at")[:1]
+    )
+    return qs.annotate(next_started_at=next_start).annotate(
+        ended_at_effective=Coalesce("ended_at", "next_started_at"),
+        end_inferred=ExpressionWrapper(
+            Q(ended_at__isnull=True, next_started_at__isnull=False),
+            output_field=BooleanField(),
+        ),
+    )
+
+
 def job_attempts(*, job: TrainingJob) -> QuerySet[Attempt]:
-    return job.attempts.prefetch_related(Prefetch("nodes")).order_by("number")
+    """A job's launches, oldest first, with their effective ends (`with_effective_end`)."""
+    return with_effective_end(job.attempts.prefetch_related(Prefetch("nodes"))).order_by("number")
 
 
 def job_checkpoints(*, job: TrainingJob) -> QuerySet[Checkpoint]:
@@ -115,22 +146,17 @@ def job_status(job: TrainingJob, attempts: list[Attempt] | None = None) -> str:
     return S.COMPLETED if reason == Attempt.EndReason.COMPLETED else S.INTERRUPTED
 
 
-FAILED_ENDS = ("failed", "killed", "preempted")
-
-
 def job_launches(*, job: TrainingJob, limit: int = 200) -> dict:
-    """The latest `limit` launches (oldest first) as dicts, how many there are, and
-    the numbers of those that ended without completing. Three queries."""
-    qs = attempts_latest_first(job)
-    rows = list(
-        qs.values("id", "number", "world_size", "started_at", "ready_at", "ended_at", "end_reason")[
-            :limit
-        ]
-    )
+    """The latest `limit` launches (oldest first) as dicts, with their effective ends
+    (`with_effective_end`), and how many there are. Two queries at most."""
+    qs = with_effective_end(attempts_latest_first(job))
+    fields = ("id", "number", "world_size", "started_at", "ready_at", "end_reason")
+    rows = list(qs.values(*fields, "ended_at_effective", "end_inferred")[:limit])
+    for row in rows:
+        row["ended_at"] = row.pop("ended_at_effective")
     rows.reverse()
     total = len(rows) if len(rows) < limit else qs.count()
-    failed = list(qs.filter(end_reason__in=FAILED_ENDS).values_list("number", flat=True))
-    return {"rows": rows, "total": total, "failed": failed}
+    return {"rows": rows, "total": total}
 
 
 def launch_node_names(*, attempt_ids: list[int], per_launch: int = 8) -> dict[int, dict]:

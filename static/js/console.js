@@ -21,6 +21,8 @@
   //   [data-live="NAME"]          text <- status[NAME]        (badges, counters)
   //   [data-live-action="ID"]     text and data-state <- status.actions[ID]
   //   [data-live-node="ID"]       data-state and title <- status.nodes[ID]
+  //   [data-live-job="ID"]        a job's status badge <- status.jobs[ID] (running, silent...)
+  //   [data-live-job-heard="ID"]  when it was last heard from, or its silent badge
   function apply(status) {
     document.querySelectorAll("[data-live]").forEach(function (el) {
       var v = status[el.dataset.live];
@@ -49,6 +51,25 @@
       el.dataset.state = state;
       if (el.dataset.name) el.title = el.dataset.name + ": " + state.replace(/_/g, " ");
     });
+    var jobs = status.jobs || {};
+    document.querySelectorAll("[data-live-job]").forEach(function (el) {
+      var j = jobs[el.dataset.liveJob];
+      if (!j) return;
+      el.textContent = j.label;
+      el.className = "status status-" + j.activity;
+    });
+    document.querySelectorAll("[data-live-job-heard]").forEach(function (el) {
+      var j = jobs[el.dataset.liveJobHeard];
+      if (!j) return;
+      el.textContent = j.silent ? j.label : j.ago;
+      el.className = j.silent ? "status status-silent" : "heard";
+    });
+  }
+
+  function liveIds(attribute, key) {
+    var seen = {};
+    document.querySelectorAll("[" + attribute + "]").forEach(function (el) { seen[el.dataset[key]] = 1; });
+    return Object.keys(seen).slice(0, 500);
   }
 
   function poll() {
@@ -56,9 +77,10 @@
     var url = body.dataset.statusUrl;
     if (!url) return;
     var params = new URLSearchParams();
-    var ids = Array.prototype.map.call(
-      document.querySelectorAll("[data-live-action]"), function (el) { return el.dataset.liveAction; });
-    if (ids.length) params.set("actions", ids.slice(0, 500).join(","));
+    var ids = liveIds("data-live-action", "liveAction");
+    if (ids.length) params.set("actions", ids.join(","));
+    var jobs = liveIds("data-live-job", "liveJob").concat(liveIds("data-live-job-heard", "liveJobHeard"));
+    if (jobs.length) params.set("jobs", jobs.slice(0, 500).join(","));
     if (body.dataset.liveNodes) params.set("nodes", body.dataset.liveNodes);
     fetch(url + "?" + params.toString(), { credentials: "same-origin", headers: { Accept: "application/json" } })
       .then(function (r) { return r.ok ? r.json() : null; })

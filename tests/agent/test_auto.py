@@ -70,6 +70,7 @@ def test_one_call_reports_the_launch_by_itself(live_server, tmp_path):
     assert launch.end_reason == "completed"
     assert read_state(str(tmp_path / "state")) == {
         "job": JOB, "attempt": 1, "launch": identity, "ready": True, "ended": True,
+        "reports": True,
     }  # fmt: skip
 
 

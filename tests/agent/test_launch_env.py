@@ -251,6 +251,7 @@ def test_the_launch_state_is_replaced_whole(tmp_path):
     state.save()
     assert le.read_state(str(tmp_path / "s")) == {
         "job": "llm-7b", "attempt": 3, "launch": "n:1", "ready": False, "ended": False,
+        "reports": True,
     }  # fmt: skip
     state.save(ready=True)
     state.save(ended=True)

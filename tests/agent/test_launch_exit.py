@@ -19,6 +19,7 @@ from agent.launch import (
     cgroup_events,
     event_id,
     exit_reason,
+    first_node,
     guess_script,
     oom_kills,
     read_launch,
@@ -141,6 +142,7 @@ def test_launch_json_as_the_wrapper_reads_it(tmp_path):
         "launch": "te:x:r0/n:1",
         "ready": True,
         "ended": False,
+        "reports": True,
     }
 
 
@@ -277,6 +279,40 @@ def test_a_restart_ends_the_launch_before_it_and_a_launch_never_ready_says_so(tm
     assert by_attempt[2]["reason"] == "failed" and by_attempt[2]["exit_code"] == 4
     assert by_attempt[2]["never_ready"] is True and by_attempt[2]["ready"] is False
     assert "never became ready" in by_attempt[2]["message"]
+
+
+def test_a_node_without_rank_0_ends_no_launch(tmp_path, console):
+    """Its launch.json says `reports: false`: rank 0's node ends the launches."""
+    steps = [
+        ["launch", 1, "te:r:r0/n:1", {"reports": False}],
+        ["sleep", 0.3],
+        ["launch", 2, "te:r:r1/n:2", {"reports": False}],  # a restart after a death
+        ["sleep", 0.3],
+        ["exit", 1],
+    ]
+    p = wrapper(tmp_path, console, steps)
+    assert p.returncode == 1, p.output
+    assert console.stored == {} and console.launches == {}
+
+
+@pytest.mark.parametrize(
+    ("command", "environ", "first"),
+    [
+        (["python", "train.py"], {}, True),
+        (["torchrun", "--standalone", "--nproc-per-node=8", "t.py"], {}, True),
+        (["torchrun", "--nnodes", "1", "t.py"], {}, True),
+        (["torchrun", "--nnodes=4", "--rdzv-backend=c10d", "t.py"], {}, False),
+        (["torchrun", "--nnodes", "2:4", "t.py"], {}, False),
+        (["torchrun", "--nnodes=4", "--node-rank=0", "t.py"], {}, True),
+        (["torchrun", "--nnodes=4", "--node_rank", "3", "t.py"], {}, False),
+        (["python", "-m", "torch.distributed.run", "--nnodes=2", "t.py"], {}, False),
+        (["torchrun", "--nnodes=4", "t.py"], {"SLURM_PROCID": "0"}, True),
+        (["srun", "torchrun", "t.py"], {"SLURM_PROCID": "0"}, True),
+        (["python", "train.py"], {"SLURM_PROCID": "3"}, False),
+    ],
+)
+def test_only_the_first_node_reports_a_job_that_never_started(command, environ, first):
+    assert first_node(command, environ) is first
 
 
 def test_a_job_that_never_reached_init_gets_a_launch_saying_it_never_started(tmp_path, console):

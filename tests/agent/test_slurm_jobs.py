@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from console.services import token_issue
-from jobs.models import Event, LaunchReservation, StepRecord
+from jobs.models import Attempt, Event, LaunchReservation, StepRecord
 from tests import slurm_cluster
 from tests.processes import Server, free_port
 from tests.slurm_cluster import SlurmCluster
@@ -302,7 +302,9 @@ def test_a_requeued_torch_job_is_a_new_launch_each_run_and_finishes(
     assert (last["world_size"], last["gpus_per_node"], last["end_reason"]) == (2, 1, "completed")
     assert sorted(last["nodes"]) == ["node1", "node2"]
     assert launches[0]["started_at"] < launches[0]["ready_at"] < last["started_at"]
-    assert launches[0]["end_reason"] != "completed"  # it died: the next launch ends it
+    # It died: the wrapper beside rank 0 ended it failed, or else the next launch's start.
+    assert launches[0]["end_reason"] != "completed" and launches[0]["ended_at"]
+    assert launches[0]["ended_at"] <= last["started_at"]
 
     # Each run of the script is its own launch identity: the requeue count, a new nonce.
     reserved = dict(
@@ -330,3 +332,17 @@ def test_a_requeued_torch_job_is_a_new_launch_each_run_and_finishes(
     # Node reports after the finish change nothing of the job's.
     assert api.get(f"/api/v1/jobs/{job}/").json()["status"] == "completed"
     print(f"requeued torch job: a rank killed at {killed_at:.1f} s, finished at {wall:.1f} s")
+
+    # The same script submitted again under the finished job's name: the console refuses
+    # the launch, the wrapper exits 78 and the script does not requeue it.
+    again = subprocess.run(
+        [*cmd, str(tmp_path / "train.sbatch")], env=environ, capture_output=True, text=True
+    )
+    assert again.returncode == 0, again.stderr
+    again_id = int(again.stdout.strip().split(";")[0])
+    wait_for(lambda: job_state(slurm, again_id) == "FAILED", 90, "the refused job to end")
+    record = job_record(slurm, again_id)
+    assert "ExitCode=78:0" in record and "Restarts=0" in record, record
+    text = (slurm.out_dir / f"{job}-{again_id}.out").read_text()
+    assert "refused a new launch (job_finished)" in text, text
+    assert Attempt.objects.filter(job__key=job).count() == 2

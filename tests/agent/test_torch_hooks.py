@@ -151,8 +151,11 @@ def test_ddp_comm_hook_times_allreduce_without_changing_gradients(tmp_path):
         reference.load_state_dict(model.state_dict())
         ddp = DDP(model, bucket_cap_mb=0.005)  # a few buckets
         rec = Recorder()
-        inst = Instrument(rec, node="n1", attempt=1, window=3)
+        inst = Instrument(rec, node="n1", attempt=1, window=3, measure_cost=True)
         inst.attach(ddp)
+        plain = DDP(torch.nn.Linear(4, 4))  # a job's default: its cost not counted
+        plain_timer = Instrument(Recorder(), node="n1", attempt=1).attach(plain)
+        plain(torch.randn(2, 4)).sum().backward()
         x = torch.randn(4, 32)
         t0 = time.perf_counter()
         for step in range(1, 5):
@@ -167,6 +170,8 @@ def test_ddp_comm_hook_times_allreduce_without_changing_gradients(tmp_path):
     finally:
         dist.destroy_process_group()
     assert inst.comm.allreduces >= 4  # at least one per backward pass
+    assert plain_timer.wait_s >= 0 and plain_timer.allreduces == 1
+    assert plain_timer.own_s == 0.0
     # What the agent cost: its bookkeeping and hook time, a small part of the steps.
     cost = inst.cost()
     assert 0 < inst.comm.own_s < cost["main_s"] < loop_s

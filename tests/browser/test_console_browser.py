@@ -103,7 +103,7 @@ def state_of(pk: int) -> str:
 
 def test_an_operator_signs_in_and_sees_the_node_grid_live(tabs, accounts):
     nodes = seed_cluster()
-    seed_job(nodes)
+    job, _ = seed_job(nodes)
     call_command("seed_demo", verbosity=0)
     tab = tabs()
     tab.login("alice")  # "/" sends a stranger to the sign-in form, then back
@@ -125,6 +125,16 @@ def test_an_operator_signs_in_and_sees_the_node_grid_live(tabs, accounts):
     assert page.evaluate("window.__marker") == 1
     tab.assert_clean()
     save_shot("overview.png", tab.screenshot())
+    # The job goes quiet: its row turns silent, with the age, without a reload.
+    heard = f'[data-live-job-heard="{job.pk}"]'
+    assert page.inner_text(heard).endswith(" s ago")
+    TrainingJob.objects.filter(pk=job.pk).update(last_received_at=at(time.time() - 600))
+    page.wait_for_function(
+        f"document.querySelector('{heard}').textContent.startsWith('silent')", timeout=20_000
+    )
+    assert page.inner_text(heard) == "silent 10 min"
+    assert page.get_attribute(heard, "class") == "status status-silent"
+    assert page.evaluate("window.__marker") == 1
 
 
 # --- (b) a job page's charts ---------------------------------------------------------

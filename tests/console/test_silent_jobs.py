@@ -47,9 +47,11 @@ def test_the_pages_show_the_age_of_the_last_event_and_a_silent_badge(viewer, ing
     assert badge in row(listing, "hushed") and ">silent 7 min</span>" in row(listing, "hushed")
     assert "7 min ago" in row(listing, "hushed")
     assert badge not in row(listing, "loud") and "s ago</span>" in row(listing, "loud")
-    assert '<span class="status status-running">running</span>' in row(listing, "loud")
+    assert re.search(
+        r'<span class="status status-running"[^>]*>running</span>', row(listing, "loud")
+    )
     done = row(listing, "done")
-    assert '<span class="status status-completed">completed</span>' in done
+    assert re.search(r'<span class="status status-completed"[^>]*>completed</span>', done)
     assert "3 h ago" in done and badge not in done
 
     overview = viewer.get("/").content.decode()
@@ -63,7 +65,34 @@ def test_the_pages_show_the_age_of_the_last_event_and_a_silent_badge(viewer, ing
     assert "last heard <b><span" in page and "7 min ago" in page
     page = viewer.get("/jobs/loud/").content.decode()
     h1 = re.search(r"<h1>.*?</h1>", page, re.S).group(0)
-    assert '<span class="status status-running">running</span>' in h1
+    assert re.search(r'<span class="status status-running"[^>]*>running</span>', h1)
+
+
+def test_status_json_tells_the_pages_which_jobs_went_silent(viewer, ingest, threshold):
+    """The pages poll /status.json with the ids of the jobs they show (data-live-job)."""
+    for key in ("loud", "hushed", "done"):
+        assert ingest(two_launches(key)).status_code == 202
+    assert ingest([ev(99, "job_finished", 50, "done", attempt=2)]).status_code == 202
+    quiet("hushed", 7 * 60 + 5)
+    ids = dict(TrainingJob.objects.values_list("key", "pk"))
+    page = viewer.get("/jobs/").content.decode()
+    assert f'data-live-job="{ids["hushed"]}"' in page
+    assert f'data-live-job-heard="{ids["loud"]}"' in page
+    asked = ",".join(str(ids[k]) for k in ("loud", "hushed", "done"))
+    jobs = viewer.get("/status.json", {"jobs": asked + ",999999"}).json()["jobs"]
+    assert jobs[str(ids["hushed"])] == {
+        "activity": "silent",
+        "label": "silent 7 min",
+        "ago": "7 min ago",
+        "silent": True,
+    }
+    loud = jobs[str(ids["loud"])]
+    assert (loud["activity"], loud["label"], loud["silent"]) == ("running", "running", False)
+    assert loud["ago"].endswith(" s ago")
+    assert jobs[str(ids["done"])]["label"] == "completed"
+    assert "999999" not in jobs
+    r = viewer.get("/status.json", {"jobs": "1,x"})
+    assert r.status_code == 400 and r.json()["field"] == "jobs"
 
 
 def test_a_job_never_heard_shows_never(viewer, threshold):

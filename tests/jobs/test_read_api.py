@@ -152,7 +152,35 @@ def test_attempts(personas, job):
     assert results[0]["nodes"] == ["a", "b"]
     assert results[0]["end_reason"] == "failed"
     assert results[0]["duration_s"] == pytest.approx(20.0)
-    assert results[1]["ended_at"] is None
+    assert results[0]["end_inferred"] is False
+    assert results[1]["ended_at"] is None and results[1]["end_inferred"] is False
+
+
+def test_a_launch_that_died_without_a_word_ends_at_the_next_start(personas, ingest, client):
+    """No `attempt_ended` from launch 1 (a rank killed, no wrapper): the API and the
+    job page show it ended when launch 2 started, as the accounting counts it; the
+    stored row stays as received, so a late `attempt_ended` still gives the real end."""
+    events = [e for e in two_launches("quiet") if e["kind"] != "attempt_ended"]
+    assert ingest(events).status_code == 202
+    c = personas["viewer"].client()
+    first, second = c.get("/api/v1/jobs/quiet/attempts").json()["results"]
+    assert first["ended_at"] == second["started_at"]
+    assert (first["end_inferred"], first["end_reason"]) == (True, "")
+    assert first["duration_s"] == pytest.approx(30.0)
+    assert second["ended_at"] is None and second["end_inferred"] is False
+    client.force_login(personas["viewer"].user)
+    page = client.get("/jobs/quiet/").content.decode()
+    table = page[page.index("<h2>Launches</h2>") :]
+    assert table.count("<td>running</td>") == 1 and ">no report</span>" in table
+
+    late = ev(7, "attempt_ended", 20, "quiet", reason="killed")
+    assert ingest([late]).status_code == 202
+    first = c.get("/api/v1/jobs/quiet/attempts").json()["results"][0]
+    assert (first["end_inferred"], first["end_reason"], first["duration_s"]) == (
+        False,
+        "killed",
+        pytest.approx(20.0),
+    )
 
 
 def test_checkpoints(personas, job):
