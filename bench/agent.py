@@ -4,7 +4,8 @@ Long module: one benchmark read top to bottom (the A/B pairs of training
 runs, the kill-to-recovery runs, their report), like its siblings in bench/.
 
     .venv/bin/python bench/agent.py [--pairs 5] [--steps 300] [--runs 10] [--workers 2]
-        [--console-nice 19] [--keep] [--database-url postgres://...]
+        [--overhead-sink receiver|console] [--console-nice 19] [--keep]
+        [--database-url postgres://...]
         [--redis-url redis://127.0.0.1:6379/0]
 
 Everything runs on this machine, against the benchmarks' own database
@@ -18,36 +19,40 @@ after it.
    the live demo's model and batch, a checkpoint every 100 steps and at the end in
    both variants) is launched through a LocalCluster of two 1-slot nodes,
    alternately instrumented (Instrument hooks, the DDP comm hook, step /
-   window / lifecycle / heartbeat events, a real Reporter per rank posting to
-   the gunicorn console) and with `--no-instrument` (the same loop with a null
-   Instrument and no sink at all): --pairs pairs after one untimed
-   instrumented run, the order flipped every pair so a drift in the machine's
-   load falls on both. The launcher is the LocalCluster, not hand-made
-   torchrun-like processes, because it is how the job is launched in
-   production and the two variants then differ in one flag only: same
-   supervisor, environment, process groups and rendezvous. Each run's figure
-   is rank 0's `TRAINED steps=N seconds=X cpu=Y median_step_s=Z` line: the
-   wall time of the step loop alone (startup, restore and the final wait for
-   the last save excluded) divided by N; every instrumented run's steps must
-   all be in the database. It prints the median seconds per step of each
-   variant, the overhead (ratio of the medians - 1) and the per-pair overheads
-   (median, min, max). Beside it, two steadier views of the same: the median
-   iteration of the loop (bursts of other work on the machine hit a few
-   steps, which the median leaves out; so would it a cost the agent pays only
-   on a few steps), and rank 0's CPU time (all its threads: hooks, reporter,
-   heartbeat) as extra CPU per step over the bare step time. On this 2-core
-   machine the console (gunicorn, PostgreSQL, the Celery worker) shares the
-   cores with the ranks, which it would not on a real cluster: during these
-   runs gunicorn and the Celery worker run at --console-nice (default 19, so
-   they take the cores the ranks leave; PostgreSQL, shared, is left alone),
-   and their CPU during the instrumented runs is printed.
-   Beside them, the agent's own cost as it counts it (`Instrument.cost()`, on
-   rank 0's TRAINED line): the CPU seconds its code took on the training
-   thread (step bookkeeping, events, the DDP comm hook's Python with the
-   all-reduce launch: an upper bound) plus those of its reporter and heartbeat
-   threads, per step, over the bare run's median step. Its numerator is CPU
-   time, which other work on the cores does not inflate; its denominator is
-   a wall time, which it does: on a busy machine this ratio reads low, so
+   window / lifecycle / heartbeat events, a real Reporter per rank posting over
+   HTTP) and with `--no-instrument` (the same loop with a null Instrument and no
+   sink at all): --pairs pairs after one untimed instrumented run, the order
+   flipped every pair so a drift in the machine's load falls on both. The
+   launcher is the LocalCluster, not hand-made torchrun-like processes, because
+   it is how the job is launched in production and the two variants then differ
+   in one flag only: same supervisor, environment, process groups and
+   rendezvous. The Reporters post (--overhead-sink) to a receiver in the bench's
+   process that reads each request, answers 202 as the ingest does and discards
+   the events (default), or to the console itself. The receiver measures the
+   agent: on a cluster the console runs on other machines, while here gunicorn,
+   PostgreSQL and the worker would take a few per cent of the ranks' 2 cores,
+   and in a 2-rank job whose ranks wait for each other every step, a rank
+   preempted for a moment stalls both (about 10% of wall time measured so, with
+   under 4% of the cores' CPU). With the console (gunicorn and the worker at
+   --console-nice, default 19) its CPU during the instrumented runs is printed.
+   Each run's figure is rank 0's `TRAINED steps=N seconds=X cpu=Y
+   median_step_s=Z` line: the wall time of the step loop alone (startup, restore
+   and the final wait for the last save excluded) divided by N; every
+   instrumented run's steps must all have been delivered (to the receiver, or
+   into the database). It prints the median seconds per step of each variant,
+   the overhead (ratio of the medians - 1) and the per-pair overheads (median,
+   min, max). Beside it, two steadier views of the same: the median iteration
+   of the loop (bursts of other work on the machine hit a few steps, which the
+   median leaves out; so would it a cost the agent pays only on a few steps),
+   and rank 0's CPU time (all its threads: hooks, reporter, heartbeat) as extra
+   CPU per step over the bare step time.
+   Beside them, the agent's own cost as it counts it (`Instrument.cost()` with
+   `measure_cost`, on rank 0's TRAINED line): the CPU seconds its code took on
+   the training thread (step bookkeeping, events, the DDP comm hook's Python and
+   completions, the clock reads that count them) plus those of its reporter and
+   heartbeat threads, per step, over the bare run's median step. Its numerator
+   is CPU time, which other work on the cores does not inflate; its denominator
+   is a wall time, which it does: on a busy machine this ratio reads low, so
    the verdict rests on it only when the machine was quiet (load average
    under 3 throughout).
    Target: overhead < 1%: the wall overhead when the pairs agree (spread
@@ -86,6 +91,8 @@ a run broke.
 import argparse
 import contextlib
 import glob
+import gzip
+import json
 import os
 import re
 import shutil
@@ -193,8 +200,15 @@ def pg_backends() -> list[int]:
         return [pid for (pid,) in cur.fetchall()]
 
 
-def measure_overhead(args, cluster: LocalCluster, prefix: str, server, worker) -> dict:
+def measure_overhead(
+    args, cluster: LocalCluster, prefix: str, server, worker, receiver=None
+) -> dict:
     from jobs.models import StepRecord
+
+    def delivered(key: str) -> int:
+        if receiver is not None:
+            return receiver.steps.get(key, 0)
+        return StepRecord.objects.filter(job_id=job_id(key)).count()
 
     def job_key(i, instrumented):
         return f"{prefix}ovh-{i:02d}-{'on' if instrumented else 'off'}"
@@ -217,10 +231,10 @@ def measure_overhead(args, cluster: LocalCluster, prefix: str, server, worker) -
             got[instrumented] = overhead_run(cluster, key, args.steps, instrumented)
             if instrumented:
                 console_s += console_cpu(server.pid, worker.pid, backends) - c0
-                # The reporter really delivered: every step is in the database.
+                # The reporter really delivered every step (to the console: in the database).
                 until(
-                    lambda k=key: StepRecord.objects.filter(job_id=job_id(k)).count() >= args.steps,
-                    f"{key}'s {args.steps} steps in the database",
+                    lambda k=key: delivered(k) >= args.steps,
+                    f"{key}'s {args.steps} steps delivered",
                     timeout_s=20,
                     interval_s=0.1,
                 )
@@ -256,6 +270,58 @@ def measure_overhead(args, cluster: LocalCluster, prefix: str, server, worker) -
         "loop_s": on * args.steps,
         "load": (load0, os.getloadavg()[0]),
     }
+
+
+class Receiver:
+    """The ingest endpoint reduced to its answer: reads each POST's body, counts its
+    events and answers 202 as the console does, on a thread of the bench's process. The
+    overhead runs post here by default: the agent does all its work (events, batches,
+    gzip, HTTP), while the console's own work (gunicorn, PostgreSQL, the worker), which
+    on a cluster runs on other machines, stays off the ranks' 2 cores."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        counts = self.counts = {"requests": 0, "events": 0}
+        steps = self.steps = {}  # job -> step events received
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                events = json.loads(body).get("events", [])
+                n = len(events)
+                counts["requests"] += 1
+                counts["events"] += n
+                for e in events:
+                    if e.get("kind") == "step":
+                        steps[e["job"]] = steps.get(e["job"], 0) + 1
+                answer = json.dumps({"accepted": n, "duplicates": 0}).encode()
+                self.send_response(202)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def start(self) -> "Receiver":
+        self.thread.start()
+        return self
+
+    def stop(self) -> dict:
+        self.server.shutdown()
+        self.server.server_close()
+        return dict(self.counts)
 
 
 # --- 2 and 3. a rank's death, its incident, the relaunch ---------------------------------
@@ -421,6 +487,14 @@ def main() -> int:
         "--database-url", default=os.environ.get("BENCH_DATABASE_URL") or DEFAULT_DATABASE_URL
     )
     ap.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    ap.add_argument(
+        "--overhead-sink",
+        choices=("receiver", "console"),
+        default="receiver",
+        help="where the instrumented runs post: a receiver that answers 202 and discards"
+        " (default: the agent's cost alone; on a cluster the console runs elsewhere) or the"
+        " console itself, sharing the ranks' 2 cores",
+    )
     ap.add_argument("--keep", action="store_true", help="keep this run's jobs and files")
     args = ap.parse_args()
 
@@ -455,20 +529,30 @@ def main() -> int:
         wait_ready(server, base)
         sink = {"url": base, "token": token}
         if args.pairs:
+            receiver = None
+            if args.overhead_sink == "receiver":
+                receiver = Receiver().start()
+                over_sink, to = {"url": receiver.url, "token": token}, "a receiver that discards"
+            else:
+                over_sink, to = sink, "the console, on the ranks' cores"
             print(
                 f"overhead: the demo job, 2 ranks x {args.steps} steps, {args.pairs} pairs"
-                " (+1 untimed), alternately instrumented (posting to the console) and not",
+                f" (+1 untimed), alternately instrumented (posting to {to}) and not",
                 flush=True,
             )
             c1 = LocalCluster.create(
-                os.path.join(var_dir, "overhead"), nodes={"o1": 1, "o2": 1}, sink=sink
+                os.path.join(var_dir, "overhead"), nodes={"o1": 1, "o2": 1}, sink=over_sink
             )
             clusters.append(c1)
             renice_console(server, worker, args.console_nice)
             try:
-                over = measure_overhead(args, c1, prefix, server, worker)
+                over = measure_overhead(args, c1, prefix, server, worker, receiver)
             finally:
                 renice_console(server, worker, 0)
+                if receiver is not None:
+                    received = receiver.stop()
+                    if over is not None:
+                        over["received"] = received
         if args.runs:
             print(
                 f"recovery: {args.runs} runs of launch -> SIGKILL rank 1 -> incident ->"
@@ -570,11 +654,18 @@ def main() -> int:
             f"  load average {over['load'][0]:.1f} -> {over['load'][1]:.1f} over these runs"
             " (2 cores; the two ranks alone make 2)"
         )
-        print(
-            f"  console CPU (gunicorn, postgres, worker) per instrumented run:"
-            f" {over['console_cpu_per_run']:.2f} core-s over a {over['loop_s']:.1f} s loop,"
-            " on the ranks' 2 cores"
-        )
+        if "received" in over:
+            got = over["received"]
+            print(
+                f"  delivered                   {got['events']:,} events in {got['requests']:,}"
+                " requests to the discarding receiver (every step of every run)"
+            )
+        else:
+            print(
+                f"  console CPU (gunicorn, postgres, worker) per instrumented run:"
+                f" {over['console_cpu_per_run']:.2f} core-s over a {over['loop_s']:.1f} s loop,"
+                " on the ranks' 2 cores"
+            )
         if not resolved:
             print(
                 f"  note: the pairs' wall overheads spread over {max(p) - min(p):.1%} (more than"
