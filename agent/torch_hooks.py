@@ -478,6 +478,19 @@ class Instrument:
                 data["exit_code"] = int(exit_code)
             self.emit("attempt_ended", data, event_id=self._lifecycle_id("attempt_ended", event_id))
 
+    @contextlib.contextmanager
+    def pause(self, reason: str = "evaluation"):
+        """The loop stops stepping on purpose (an evaluation, a long data reload):
+        rank 0 announces it (`pause_started` .. `pause_ended`), so that the hang
+        detector does not take the time for a stall, nor learn it as a step interval."""
+        if self.reports:
+            self.emit("pause_started", {"reason": str(reason)[:64]})
+        try:
+            yield
+        finally:
+            if self.reports:
+                self.emit("pause_ended")
+
     def fault(self, type_, message=None, **data):
         """A fault seen by this rank (any rank may report one)."""
         data = {"type": type_, **data}

@@ -24,6 +24,8 @@ WIRE_KINDS = (
     "fault",
     "attempt_ended",
     "job_finished",
+    "pause_started",
+    "pause_ended",
 )
 # Written by the console itself, never sent: an operator reopened the finished job,
 # so the finishes up to this event's ts no longer end it (jobs.services.job_reopen).
@@ -49,6 +51,8 @@ TIMELINE_KINDS = (
     "attempt_ended",
     "job_finished",
     "job_reopened",
+    "pause_started",
+    "pause_ended",
 )
 # Of those, the checkpoint saves, which come every few minutes for the job's whole life ...
 CHECKPOINT_SAVE_KINDS = ("checkpoint_save_started", "checkpoint_saved")

@@ -37,6 +37,8 @@ DEFAULTS: dict[str, float | int] = {
     "hang.warmup_timeout_s": 900,  # before anything is learned (the first steps, no history)
     "hang.save_allowance_s": 600,
     "hang.smoothing": 0.5,
+    # An announced pause (an evaluation) is not a stall, up to this long.
+    "hang.pause_max_s": 7200,
     # Straggler: a node whose ranks are slow (either score below 0.75) this many
     # complete windows in a row.
     "straggler.windows": 3,
@@ -71,6 +73,7 @@ DESCRIPTIONS: dict[str, str] = {
     "hang.warmup_timeout_s": "Hang timeout (s) before any step interval is learned.",
     "hang.save_allowance_s": "Extra time (s) allowed when a checkpoint save started in the gap.",
     "hang.smoothing": "Weight (0..1] of the latest launch in the interval learned across launches.",
+    "hang.pause_max_s": "Longest announced pause (s) left out of a hang's gap; beyond, it counts.",
     "straggler.windows": "Complete rank windows in a row a node must be slow to be a straggler.",
     "repeat_offender.incidents": "Incidents naming one node within the window that flag it.",
     "repeat_offender.window_s": "Window (s) for repeat_offender.incidents.",
@@ -96,8 +99,11 @@ INTEGERS = frozenset(
     }
 )
 AT_MOST_ONE = frozenset({"hang.smoothing"})
-# "None": skip no steps, look for spikes from the first window, no save allowance.
-ZERO_OK = frozenset({"hang.skip_steps", "loss.warmup_steps", "hang.save_allowance_s"})
+# "None": skip no steps, look for spikes from the first window, no save allowance, no
+# announced pause left out.
+ZERO_OK = frozenset(
+    {"hang.skip_steps", "loss.warmup_steps", "hang.save_allowance_s", "hang.pause_max_s"}
+)
 MAX_VALUE = 1e9  # far above any sensible count or number of seconds (31 years)
 
 

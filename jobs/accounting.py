@@ -61,6 +61,9 @@ class Launch:
     load_started: float | None = None
     loaded: float | None = None
     saves: dict[int, dict] = field(default_factory=dict)  # step -> {started, saved, blocking}
+    # Announced pauses (pause_started .. pause_ended, paired in time order): [start, end];
+    # end None while one is open. The hang detector leaves them out of its gaps.
+    pauses: list[list] = field(default_factory=list)
     # Set by the ledger:
     stop: float = 0.0  # effective end, clipped to the next launch and the job's end
     categories: dict[str, float] = field(default_factory=_zero)
@@ -193,6 +196,12 @@ def build_launches(
         elif kind == "attempt_ended":
             if launch.end is None or ts < launch.end:
                 launch.end, launch.reason = ts, data.get("reason", "")
+        elif kind == "pause_started":
+            if not launch.pauses or launch.pauses[-1][1] is not None:
+                launch.pauses.append([ts, None])  # a second start while open: one pause
+        elif kind == "pause_ended":
+            if launch.pauses and launch.pauses[-1][1] is None:
+                launch.pauses[-1][1] = ts  # an end with no start open: nothing to close
         elif kind in ("checkpoint_save_started", "checkpoint_saved"):
             save = launch.saves.setdefault(data["step"], {})
             if kind == "checkpoint_save_started":

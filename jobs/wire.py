@@ -181,6 +181,12 @@ DATA_SCHEMA: dict[str, dict[str, tuple]] = {
         "requested_by": (_str_max(200), False, "a string of 1..200 characters" + NO_NUL),
     },
     "job_finished": {},
+    # The training loop stops stepping on purpose (an evaluation, say) and resumes:
+    # the hang detector does not count the time in between as a stall.
+    "pause_started": {
+        "reason": (_str_max(64), False, "a string of 1..64 characters" + NO_NUL),
+    },
+    "pause_ended": {},
 }
 
 

@@ -42,6 +42,7 @@ SETTINGS = (
     "hang.save_allowance_s",
     "hang.warmup_timeout_s",
     "hang.smoothing",
+    "hang.pause_max_s",
     "loss.window",
     "loss.mad_factor",
     "loss.min_rel",

@@ -5,7 +5,10 @@ the longest interval is this launch's own so far (its first steps skipped:
 warm-up is slow) or, when larger, the smoothed longest of earlier launches; a
 gap with a checkpoint save started in it gets an allowance more. An interval
 found to be a hang is not learned from. A running launch's open tail runs to
-the job's latest event.
+the job's latest event. The time of announced pauses (`pause_started` ..
+`pause_ended`: an evaluation, say) is left out of a gap, both to judge it and to
+learn from it; a pause still open counts up to `hang.pause_max_s`, after which
+the time counts again (a hang inside an evaluation).
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ def advance(job, state: EngineState, launches, finished, steps, cfg) -> list[Sig
             if any(x.number in new or _trained(state, x) for x in launches[k + 1 :]):
                 s.closed = Verdict(stop, hang, learned)
         if hang is not None:
-            found.append(_signal(job, launch.number, hang))
+            found.append(_signal(job, launch, hang, cfg))
         smoothed = learned if smoothed == 0 else alpha * learned + (1 - alpha) * smoothed
     return found
 
@@ -81,6 +84,16 @@ def _timeouts(idx, learned_before, smoothed, begins, ends, launch, cfg):
     return timeouts
 
 
+def _paused(begins: np.ndarray, ends: np.ndarray, launch: Launch, cfg) -> np.ndarray:
+    """Per interval, the seconds of it inside the launch's announced pauses."""
+    out = np.zeros(len(begins))
+    for start, end in launch.pauses:
+        limit = start + cfg["hang.pause_max_s"]
+        stop = limit if end is None else min(end, limit)
+        out += np.clip(np.minimum(ends, stop) - np.maximum(begins, start), 0.0, None)
+    return out
+
+
 def _chunk(s: StepsState, launch: Launch, ts: np.ndarray, numbers: np.ndarray, cfg) -> None:
     """Judge the intervals the new steps close."""
     n0 = s.n
@@ -96,6 +109,8 @@ def _chunk(s: StepsState, launch: Launch, ts: np.ndarray, numbers: np.ndarray, c
     if s.hang is not None or not len(begins):
         return  # a launch's first hang is its finding; nothing is learned after it
     gaps = ends - begins
+    if launch.pauses:
+        gaps = gaps - _paused(begins, ends, launch, cfg)
     learnable = np.where(idx >= cfg["hang.skip_steps"], gaps, 0.0)
     learned_before = np.maximum(
         s.learned, np.concatenate(([0.0], np.maximum.accumulate(learnable)[:-1]))
@@ -123,7 +138,7 @@ def _tail(s: StepsState, launch: Launch, stop: float | None, cfg) -> tuple[Hang 
         return None, s.learned
     idx = np.array([s.n - 1])
     begins, ends = np.array([s.last_ts]), np.array([stop])
-    gap = stop - s.last_ts
+    gap = stop - s.last_ts - float(_paused(begins, ends, launch, cfg)[0])
     timeout = float(
         _timeouts(idx, np.array([s.learned]), s.smoothed_in, begins, ends, launch, cfg)[0]
     )
@@ -133,8 +148,16 @@ def _tail(s: StepsState, launch: Launch, stop: float | None, cfg) -> tuple[Hang 
     return None, max(s.learned, learnable)
 
 
-def _signal(job, attempt: int, hang: Hang) -> Signal:
+def _signal(job, launch: Launch, hang: Hang, cfg) -> Signal:
+    attempt = launch.number
+    # The timeout ran out once the gap, less its paused time, exceeded it: each pause
+    # inside it pushes the moment on.
     detected = hang.begin + hang.timeout
+    for _ in launch.pauses:
+        paused = float(_paused(np.array([hang.begin]), np.array([detected]), launch, cfg)[0])
+        if hang.begin + hang.timeout + paused == detected:
+            break
+        detected = hang.begin + hang.timeout + paused
     return Signal(
         client_id=f"inferred:hang:{attempt}:{hang.step}",
         kind="fault",

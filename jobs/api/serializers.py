@@ -275,6 +275,8 @@ DATA_FIELD_SCHEMAS: dict[str, dict[str, dict]] = {
         "requested_by": _text(200),
     },
     "job_finished": {},
+    "pause_started": {"reason": {**_text(64), "description": "why, e.g. evaluation"}},
+    "pause_ended": {},
 }
 
 

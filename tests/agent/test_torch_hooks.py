@@ -120,6 +120,25 @@ def test_only_the_reporting_rank_emits_steps_and_launch_events():
     assert "comm_wait_s" not in rec.events[0][1]  # nothing measured it: not claimed as 0
 
 
+def test_rank_0_announces_a_pause_and_its_end_even_when_the_evaluation_fails():
+    rec, other = Recorder(), Recorder()
+    inst = Instrument(rec, rank=0, node="n1", attempt=2)
+    with inst.pause("evaluation"):
+        pass
+    with pytest.raises(RuntimeError), inst.pause("data reload"):
+        raise RuntimeError("the evaluation set is missing")
+    assert [(k, d) for k, d, _ in rec.events] == [
+        ("pause_started", {"reason": "evaluation"}),
+        ("pause_ended", {}),
+        ("pause_started", {"reason": "data reload"}),
+        ("pause_ended", {}),
+    ]
+    assert all(kw["attempt"] == 2 for _, _, kw in rec.events)
+    with Instrument(other, rank=1, node="n2", attempt=2).pause():
+        pass
+    assert other.events == []  # only the reporting rank announces
+
+
 def test_a_step_that_raises_reports_nothing():
     rec = Recorder()
     inst = Instrument(rec, rank=0, window=1)

@@ -69,6 +69,40 @@ def test_jitter_and_a_pause_below_the_timeout_are_not_hangs(ingest):
     assert hangs(ingest, start() + steps(times) + heartbeats(t, t + 30)) == []
 
 
+def test_an_announced_evaluation_pause_is_not_a_hang_and_not_learned(ingest):
+    """Steps every second, then a 4-minute evaluation the loop announced: unannounced it
+    is a hang (the 60 s floor); announced it is neither a hang nor learned from, so a
+    real stall after it is still found at the floor, not at 5 x 4 minutes."""
+    times = [11 + i for i in range(20)]  # steps 1..20 at 11..30
+    times += [271 + i for i in range(20)]  # after the evaluation, 30..270: steps 21..40
+    events = start() + steps(times)
+    events += [ev("pause_started", 30.5, reason="evaluation"), ev("pause_ended", 270.5)]
+    events += heartbeats(291, 400)  # and then a real stall after step 40, at 290
+    [hang] = hangs(ingest, events)
+    assert hang.fault_at.timestamp() == pytest.approx(T0 + 290)
+    assert hang.detected_at.timestamp() == pytest.approx(T0 + 350)  # the 60 s floor
+
+
+def test_an_open_pause_holds_off_the_hang_until_its_limit(ingest):
+    """A pause that never ends (a hang inside the evaluation) counts from
+    hang.pause_max_s on: the hang is found at its limit + the timeout."""
+    times = [11 + i for i in range(20)]
+    events = start() + steps(times) + [ev("pause_started", 30.0, reason="evaluation")]
+    events += heartbeats(31, 500)
+    assert hangs(ingest, events) == []  # 470 s paused: within the default 2 hours
+    job = TrainingJob.objects.get(key="j1")
+    DetectorSetting.objects.create(job=job, name="hang.pause_max_s", value=300)
+    [hang] = detect_hangs()
+    assert hang.fault_at.timestamp() == pytest.approx(T0 + 30)
+    assert hang.detected_at.timestamp() == pytest.approx(T0 + 30 + 300 + 60)
+
+
+def test_unannounced_the_same_evaluation_is_a_hang(ingest):
+    times = [11 + i for i in range(20)] + [271 + i for i in range(20)]
+    [hang] = hangs(ingest, start() + steps(times) + heartbeats(271, 300))
+    assert hang.fault_at.timestamp() == pytest.approx(T0 + 30)
+
+
 def test_a_slow_checkpoint_save_is_not_a_hang(ingest):
     times = [11 + i for i in range(20)] + [331 + i for i in range(10)]
     events = start() + steps(times)
