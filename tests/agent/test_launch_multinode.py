@@ -3,7 +3,6 @@ torchrun --nnodes 2 ...`, one rank per node, an elastic c10d rendezvous), on thi
 against a live console: the wrapper of the node without rank 0 reports no launch of its
 own, rank 0's node ends the launch a death cut short, and a refusal stops both nodes."""
 
-import os
 import re
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from agent.launch_env import EXIT_REFUSED
 from console.services import token_issue
 from jobs.models import Cluster, Event, LaunchReservation
 from recovery.services.pause import cluster_pause
-from tests.agent.torchrun import ROOT
+from tests.agent.torchrun import launch_environ
 from tests.processes import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -65,22 +64,14 @@ def two_nodes(tmp_path, url, token, job, *, max_restarts, timeout_s=240):
     port = free_port()
     procs = []
     for node in NODES:
-        environ = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("REBOUND_", "TORCHELASTIC_", "SLURM_", "TORCH_DISABLE"))
-        }
-        environ.update(
-            {
-                "PYTHONPATH": str(ROOT),
-                "REBOUND_URL": url,
-                "REBOUND_TOKEN": token,
-                "REBOUND_JOB": job,
-                "REBOUND_NODE": node,
-                "REBOUND_HEARTBEAT_S": "1",
-                "REBOUND_LAUNCH_RETRY_S": "20",
-                "OMP_NUM_THREADS": "1",
-            }
+        environ = launch_environ(
+            REBOUND_URL=url,
+            REBOUND_TOKEN=token,
+            REBOUND_JOB=job,
+            REBOUND_NODE=node,
+            REBOUND_HEARTBEAT_S="1",
+            REBOUND_LAUNCH_RETRY_S="20",
+            OMP_NUM_THREADS="1",
         )
         cmd = [sys.executable, "-m", "agent.launch", "--state-dir", str(tmp_path / node), "--"]
         cmd += [sys.executable, "-m", "torch.distributed.run", "--nnodes=2"]

@@ -4,7 +4,6 @@ torchrun restarts a killed rank by itself and the console shows both launches, t
 crash and its cost; a crash loop the console sees stops torchrun's restarts at once;
 a paused cluster stops the job before its first step."""
 
-import os
 import re
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from console.services import token_issue
 from incidents.models import DetectorSetting
 from jobs.models import Cluster, Event, LaunchReservation
 from recovery.services.pause import cluster_pause
-from tests.agent.torchrun import ROOT
+from tests.agent.torchrun import launch_environ
 from tests.live import until
 from tests.processes import celery_worker
 
@@ -66,22 +65,14 @@ def launch(tmp_path, url, token, job, *, max_restarts, env=None, timeout_s=300):
     """`python -m agent.launch -- torchrun --standalone --nproc-per-node 2 ... train.py`."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    environ = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("REBOUND_", "TORCHELASTIC_", "SLURM_", "TORCH_DISABLE"))
-    }
-    environ.update(
-        {
-            "PYTHONPATH": str(ROOT),
-            "REBOUND_URL": url,
-            "REBOUND_TOKEN": token,
-            "REBOUND_JOB": job,
-            "REBOUND_HEARTBEAT_S": "1",
-            "REBOUND_LAUNCH_RETRY_S": "20",
-            "OMP_NUM_THREADS": "1",
-            **(env or {}),
-        }
+    environ = launch_environ(
+        REBOUND_URL=url,
+        REBOUND_TOKEN=token,
+        REBOUND_JOB=job,
+        REBOUND_HEARTBEAT_S="1",
+        REBOUND_LAUNCH_RETRY_S="20",
+        OMP_NUM_THREADS="1",
+        **(env or {}),
     )
     cmd = [sys.executable, "-m", "agent.launch", "--state-dir", str(tmp_path / "state"), "--"]
     cmd += [sys.executable, "-m", "torch.distributed.run", "--standalone"]

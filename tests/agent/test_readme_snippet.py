@@ -88,6 +88,7 @@ def test_the_readme_snippet_runs_and_its_job_is_accounted(tmp_path, live_server,
         "launch": LaunchReservation.objects.get(job__key=JOB).identity,
         "ready": True,
         "ended": True,
+        "reports": True,
     }
 
     # (d) The same job submitted again after it finished: refused, saying what to do;

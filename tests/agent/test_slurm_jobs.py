@@ -26,6 +26,7 @@ import pytest
 from console.services import token_issue
 from jobs.models import Attempt, Event, LaunchReservation, StepRecord
 from tests import slurm_cluster
+from tests.agent.torchrun import launch_environ
 from tests.processes import Server, free_port
 from tests.slurm_cluster import SlurmCluster
 
@@ -234,26 +235,17 @@ def test_a_requeued_torch_job_is_a_new_launch_each_run_and_finishes(
     job = "slurm-requeue"
     (tmp_path / "train.py").write_text(TRAIN)
     (tmp_path / "train.sbatch").write_text(readme_sbatch())
-    environ = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("REBOUND_", "TORCHELASTIC_", "SLURM_"))
-        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-    }
-    environ.update(
-        {
-            **slurm.env,
-            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # torchrun
-            "PYTHONPATH": str(ROOT),
-            "OMP_NUM_THREADS": "1",
-            "REBOUND_URL": console.url,
-            "REBOUND_TOKEN": console.token,
-            "REBOUND_HEARTBEAT_S": "1",
-            "REBOUND_LAUNCH_RETRY_S": "20",
-            # The emulated nodes share this host: the rendezvous is on loopback.
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(free_port()),
-        }
+    environ = launch_environ(
+        **slurm.env,
+        PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # torchrun
+        REBOUND_URL=console.url,
+        REBOUND_TOKEN=console.token,
+        REBOUND_HEARTBEAT_S="1",
+        REBOUND_LAUNCH_RETRY_S="20",
+        OMP_NUM_THREADS="1",
+        # The emulated nodes share this host: the rendezvous is on loopback.
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
     )
     t0 = time.monotonic()
     cmd = [slurm_cluster.which("sbatch"), "--parsable", f"--job-name={job}"]
