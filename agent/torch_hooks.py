@@ -1,5 +1,9 @@
 """Torch hooks: what a DDP training loop reports, in a few lines.
 
+Long module: the training-side measurements read together (the comm hook, the step
+timer, the heartbeat, the Instrument that ties them to a launch), the one module a
+torch job imports for them.
+
 Owns the training-side measurements of wire format v1: `step` events (rank 0),
 `rank_window` means (every rank), heartbeats and lifecycle events; checkpoints
 saved and loaded with `torch.distributed.checkpoint` come from
