@@ -178,17 +178,31 @@ def node_list(*, cluster: str | None = None, state: str | None = None, now=None)
     return qs.order_by("cluster__name", "name")
 
 
+RANK_FIELDS = (
+    "rank",
+    "node",
+    "compute_s",
+    "step_s",
+    "comm_wait_s",
+    "peer_score",
+    "self_score",
+    "slow",
+)
+RANK_ORDERS = ("slowest", "rank")
+
+
 def job_rank_scores(*, job) -> dict:
-    """The latest complete window of the job's current launch, scored per rank, every
-    rank in rank order (the API pages it with `rank_scores_page`, through
-    incidents.services.job_rank_scores_ensure, cached per job revision).
+    """The latest complete window of the job's current launch, scored per rank: every
+    rank a tuple of RANK_FIELDS in rank order, `slowest` their indexes slowest first
+    (the lower of the two scores, then by rank) and `slow_count` (the API pages it with
+    `rank_scores_page`, through incidents.services.job_rank_scores_ensure, cached per
+    job revision: tuples keep 16,384 ranks quick to cache and read back).
 
     `peer_score` and `self_score` (own) as incidents.detectors.ranks scores them
     (the straggler detector's rule): the window's median compute time / this
     rank's, and this rank's best in the launch / this one's relative to the
     median rank's (so a uniform slowdown scores 1). Four queries, reading
-    O(ranks x windows of the launch), not the job; rows as tuples, not models
-    (16,384 ranks cost tens of milliseconds, not seconds).
+    O(ranks x windows of the launch), not the job.
     """
     attempt = job_latest_attempt(job, started=True)
     empty = {
@@ -198,6 +212,8 @@ def job_rank_scores(*, job) -> dict:
         "last_step": None,
         "world_size": None,
         "ranks": [],
+        "slowest": [],
+        "slow_count": 0,
     }
     if attempt is None:
         return empty
@@ -221,31 +237,24 @@ def job_rank_scores(*, job) -> dict:
         np.array([[r[2] for r in rows]], dtype=np.float64),
         np.array([[best[r[0]] for r in rows]], dtype=np.float64),
     )
+    peer, own, slow = peer[0], own[0], slow[0]
     ranks = [
-        {
-            "rank": rank,
-            "node": node,
-            "compute_s": compute,
-            "step_s": step,
-            "comm_wait_s": comm_wait,
-            "peer_score": float(p),
-            "self_score": float(o),
-            "slow": bool(sl),
-        }
+        (rank, node, compute, step, comm_wait, p, o, sl)
         for (rank, node, compute, step, comm_wait, _), p, o, sl in zip(
-            rows, peer[0], own[0], slow[0], strict=True
+            rows, peer.tolist(), own.tolist(), slow.tolist(), strict=True
         )
     ]
+    # stable: ties stay in rank order
+    slowest = np.argsort(np.minimum(peer, own), kind="stable").tolist()
     return {
         **empty,
         "first_step": latest["first_step"],
         "last_step": rows[0][5],
         "world_size": world or len(rows),
         "ranks": ranks,
+        "slowest": slowest,
+        "slow_count": int(slow.sum()),
     }
-
-
-RANK_ORDERS = ("slowest", "rank")
 
 
 def rank_scores_page(
@@ -257,22 +266,24 @@ def rank_scores_page(
     limit: int = 100,
     offset: int = 0,
 ) -> dict:
-    """One page of `job_rank_scores`: the ranks that match (`slow`, on `node`) in
-    `order` (`slowest`: the lowest of the two scores first, then by rank; `rank`),
-    with `count` (ranks matching) and `slow_count` (slow ranks of the window)."""
+    """One page of `job_rank_scores`, each rank a dict of RANK_FIELDS: the ranks that
+    match (`slow`, on `node`) in `order` (`slowest` or `rank`), with `count` (the ranks
+    matching) and `slow_count` (the window's slow ranks, whatever the filters)."""
     ranks = scores["ranks"]
-    matching = [
-        r
-        for r in ranks
-        if (slow is None or r["slow"] == slow) and (node is None or r["node"] == node)
-    ]
-    if order == "slowest":
-        matching.sort(key=lambda r: (min(r["peer_score"], r["self_score"]), r["rank"]))
+    indexes = scores["slowest"] if order == "slowest" else range(len(ranks))
+    if slow is not None or node is not None:
+        slow_at, node_at = RANK_FIELDS.index("slow"), RANK_FIELDS.index("node")
+        indexes = [
+            i
+            for i in indexes
+            if (slow is None or ranks[i][slow_at] == slow)
+            and (node is None or ranks[i][node_at] == node)
+        ]
+    page = indexes[offset : offset + limit]
     return {
-        **scores,
-        "count": len(matching),
-        "slow_count": sum(r["slow"] for r in ranks),
-        "ranks": matching[offset : offset + limit],
+        **{k: v for k, v in scores.items() if k != "slowest"},
+        "count": len(indexes),
+        "ranks": [dict(zip(RANK_FIELDS, ranks[i], strict=True)) for i in page],
     }
 
 

@@ -97,16 +97,17 @@ def job_rank_heatmap(
     )
     if not read:
         return heatmap
-    rank, step, compute, node_id = (list(c) for c in zip(*read, strict=True))
-    first_steps = sorted(set(step))[-n:]
-    rank = np.array(rank, dtype=np.int64)
-    col = np.searchsorted(first_steps, np.array(step, dtype=np.int64))
-    compute = np.array(compute, dtype=np.float64)
+    # One conversion of every cell (a node id of None becomes NaN).
+    table = np.array(read, dtype=np.float64)
+    rank = table[:, 0].astype(np.int64)
+    step = table[:, 1].astype(np.int64)
+    compute = table[:, 2]
+    first_steps = np.unique(step)[-n:].tolist()
+    col = np.searchsorted(first_steps, step)
     # Cells of a window older than those kept, or no usable time, are left out.
-    keep = (np.array(step, dtype=np.int64) >= first_steps[0]) & np.isfinite(compute)
+    keep = (step >= first_steps[0]) & np.isfinite(compute)
     # The row of each cell: its rank, or its node (a rank with no node is a row alone).
-    node_ids = np.array(node_id, dtype=np.float64)  # None: NaN
-    node_key = np.where(np.isnan(node_ids), -1 - rank, node_ids).astype(np.int64)
+    node_key = np.where(np.isnan(table[:, 3]), -1 - rank, table[:, 3]).astype(np.int64)
     rank, col, compute, node_key = rank[keep], col[keep], compute[keep], node_key[keep]
     median = [
         float(np.median(compute[col == j])) if (col == j).any() else None
