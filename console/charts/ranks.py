@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from console.charts.base import figure
 
 # The heatmap's colour: a cell's compute time over its window's median rank's, on a
@@ -29,12 +31,16 @@ RATIO_COLOURS = [
 ]
 
 
-def cell_ratio(compute: float | None, median: float | None) -> float | None:
-    """A cell's compute seconds over its window's median rank's; None when either is
-    unknown or the median is not positive."""
-    if compute is None or not median or median <= 0 or not math.isfinite(compute):
-        return None
-    return round(compute / median, 3)
+def cell_ratios(compute: list[list], median: list) -> list[list]:
+    """Each cell's compute seconds over its window's median rank's, to 3 decimals; None
+    where either is unknown or the median is not positive."""
+    if not compute:
+        return []
+    cells = np.array(compute, dtype=np.float64)  # None: NaN
+    medians = np.array(median, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.round(np.where(medians > 0, cells / medians, np.nan), 3)
+    return [[None if math.isnan(v) else v for v in row] for row in ratio.tolist()]
 
 
 def rank_figure(heatmap: dict) -> dict:
@@ -42,7 +48,7 @@ def rank_figure(heatmap: dict) -> dict:
     coloured by its ratio to the window's median rank: a straggler is a red row."""
     first_steps, median = heatmap["first_steps"], heatmap["median"]
     by_node = heatmap["by"] == "node"
-    z = [[cell_ratio(c, m) for c, m in zip(row, median, strict=True)] for row in heatmap["compute"]]
+    z = cell_ratios(heatmap["compute"], median)
     if by_node:
         custom = [
             [[c, r] for c, r in zip(cells, ranks, strict=True)]

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from console.charts.ranks import RATIO_COLOURS, RATIO_MAX, RATIO_MIN, cell_ratio
+from console.charts.ranks import RATIO_COLOURS, RATIO_MAX, RATIO_MIN, cell_ratios
 from console.pages import jobs as jobs_page
 from jobs import selectors
 from jobs.models import RankWindow
@@ -121,9 +121,10 @@ def test_a_narrow_launch_keeps_a_row_per_rank():
 
 
 def test_the_colour_is_the_ratio_to_the_windows_median_on_a_fixed_scale():
-    assert cell_ratio(0.8, 0.5) == 1.6
-    assert cell_ratio(None, 0.5) is None and cell_ratio(0.5, 0) is None
-    assert cell_ratio(float("nan"), 0.5) is None
+    compute = [[0.8, None, 0.5, float("nan")], [0.49, 0.5, 0.5, 1.0]]
+    median = [0.5, 0.5, 0, 0.5]  # a window with no positive median: no ratio
+    assert cell_ratios(compute, median) == [[1.6, None, None, None], [0.98, 1.0, None, 2.0]]
+    assert cell_ratios([], []) == []
 
     def colour(ratio):
         """The colour stop at or below `ratio`'s position on the scale."""
