@@ -20,6 +20,7 @@ rings it. Exit status 0 when all pass.
 """
 
 import argparse
+import logging
 import os
 import random
 import sys
@@ -223,6 +224,7 @@ def main() -> int:
         settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]
     client = Client(raise_request_exception=False)
     client.force_login(ensure_operator())
+    logging.getLogger("django.request").setLevel(logging.ERROR)  # not the 404 below
     client.get("/jobs/no-such-job/")  # the URL conf and the templates loaded: not a page's cost
     slow_name = node_name(SLOW_NODE)
     slow_ranks = set(range(SLOW_NODE * RANKS_PER_NODE, (SLOW_NODE + 1) * RANKS_PER_NODE))
