@@ -178,25 +178,17 @@ def node_list(*, cluster: str | None = None, state: str | None = None, now=None)
     return qs.order_by("cluster__name", "name")
 
 
-RANK_FIELDS = (
-    "rank",
-    "node",
-    "compute_s",
-    "step_s",
-    "comm_wait_s",
-    "peer_score",
-    "self_score",
-    "slow",
-)
+_WINDOW_FIELDS = ("rank", "node", "compute_s", "step_s", "comm_wait_s")  # as stored
+RANK_FIELDS = (*_WINDOW_FIELDS, "peer_score", "self_score", "slow")  # and as scored
 RANK_ORDERS = ("slowest", "rank")
 
 
 def job_rank_scores(*, job) -> dict:
-    """The latest complete window of the job's current launch, scored per rank: every
-    rank a tuple of RANK_FIELDS in rank order, `slowest` their indexes slowest first
-    (the lower of the two scores, then by rank) and `slow_count` (the API pages it with
-    `rank_scores_page`, through incidents.services.job_rank_scores_ensure, cached per
-    job revision: tuples keep 16,384 ranks quick to cache and read back).
+    """The latest complete window of the job's current launch, scored per rank: each
+    rank a tuple of RANK_FIELDS in rank order (quick to cache and read back), `slowest`
+    their indexes slowest first (the lower score, then by rank), and `slow_count`.
+    The API pages it (`rank_scores_page`, cached per job revision by
+    incidents.services.job_rank_scores_ensure).
 
     `peer_score` and `self_score` (own) as incidents.detectors.ranks scores them
     (the straggler detector's rule): the window's median compute time / this
