@@ -52,3 +52,24 @@ def id_param(request, name: str) -> int | None:
     if not (value.isascii() and value.isdigit() and int(value) <= ID_MAX):
         raise InvalidParameter(f"{name} must be an id.", field=name)
     return int(value)
+
+
+def int_param(request, name: str, *, default: int, minimum: int, maximum: int) -> int:
+    """An integer from `?name=` within [minimum, maximum], `default` when absent:
+    ASCII digits, an optional minus sign."""
+    value = request.query_params.get(name)
+    if value in (None, ""):
+        return default
+    digits = value[1:] if value.startswith("-") else value
+    number = int(value) if digits.isascii() and digits.isdigit() and len(digits) < 20 else None
+    if number is None or not minimum <= number <= maximum:
+        raise InvalidParameter(
+            f"{name} must be an integer from {minimum} to {maximum}.", field=name
+        )
+    return number
+
+
+def bool_param(request, name: str) -> bool | None:
+    """`?name=true` or `?name=false`; None when absent."""
+    value = choice_param(request, name, ("true", "false"))
+    return None if value is None else value == "true"

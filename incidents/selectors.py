@@ -178,19 +178,38 @@ def node_list(*, cluster: str | None = None, state: str | None = None, now=None)
     return qs.order_by("cluster__name", "name")
 
 
+_WINDOW_FIELDS = ("rank", "node", "compute_s", "step_s", "comm_wait_s")  # as stored
+RANK_FIELDS = (*_WINDOW_FIELDS, "peer_score", "self_score", "slow")  # and as scored
+RANK_ORDERS = ("slowest", "rank")
+
+
 def job_rank_scores(*, job) -> dict:
-    """The latest complete window of the job's current launch, scored per rank.
+    """The latest complete window of the job's current launch, scored per rank: each
+    rank a tuple of RANK_FIELDS in rank order (quick to cache and read back), `slowest`
+    their indexes slowest first (the lower score, then by rank), and `slow_count`.
+    The API pages it (`rank_scores_page`, cached per job revision by
+    incidents.services.job_rank_scores_ensure).
 
     `peer_score` and `self_score` (own) as incidents.detectors.ranks scores them
     (the straggler detector's rule): the window's median compute time / this
     rank's, and this rank's best in the launch / this one's relative to the
-    median rank's (so a uniform slowdown scores 1). Reads O(ranks x windows of
-    the launch), not the job.
+    median rank's (so a uniform slowdown scores 1). Four queries, reading
+    O(ranks x windows of the launch), not the job.
     """
     attempt = job_latest_attempt(job, started=True)
-    empty = {"job": job.key, "attempt": None, "first_step": None, "last_step": None, "ranks": []}
+    empty = {
+        "job": job.key,
+        "attempt": None,
+        "first_step": None,
+        "last_step": None,
+        "world_size": None,
+        "ranks": [],
+        "slowest": [],
+        "slow_count": 0,
+    }
     if attempt is None:
         return empty
+    empty.update(attempt=attempt.number, world_size=attempt.world_size)
     windows = RankWindow.objects.filter(job=job, attempt=attempt.number)
     world = attempt.world_size
     # The latest window every rank has reported.
@@ -199,34 +218,64 @@ def job_rank_scores(*, job) -> dict:
         per_window = per_window.filter(n__gte=world)
     latest = per_window.first()
     if latest is None:
-        return {**empty, "attempt": attempt.number}
+        return empty
     rows = list(
-        windows.filter(first_step=latest["first_step"]).select_related("node").order_by("rank")
+        windows.filter(first_step=latest["first_step"])
+        .order_by("rank")
+        .values_list("rank", "node__name", "compute_s", "step_s", "comm_wait_s", "last_step")
     )
     best = dict(windows.values("rank").annotate(best=Min("compute_s")).values_list("rank", "best"))
     peer, own, slow = rank_scores(
-        np.array([[r.compute_s for r in rows]], dtype=np.float64),
-        np.array([[best[r.rank] for r in rows]], dtype=np.float64),
+        np.array([[r[2] for r in rows]], dtype=np.float64),
+        np.array([[best[r[0]] for r in rows]], dtype=np.float64),
     )
+    peer, own, slow = peer[0], own[0], slow[0]
     ranks = [
-        {
-            "rank": r.rank,
-            "node": r.node.name if r.node else None,
-            "compute_s": r.compute_s,
-            "step_s": r.step_s,
-            "comm_wait_s": r.comm_wait_s,
-            "peer_score": float(peer[0, i]),
-            "self_score": float(own[0, i]),
-            "slow": bool(slow[0, i]),
-        }
-        for i, r in enumerate(rows)
+        (rank, node, compute, step, comm_wait, p, o, sl)
+        for (rank, node, compute, step, comm_wait, _), p, o, sl in zip(
+            rows, peer.tolist(), own.tolist(), slow.tolist(), strict=True
+        )
     ]
+    # stable: ties stay in rank order
+    slowest = np.argsort(np.minimum(peer, own), kind="stable").tolist()
     return {
-        "job": job.key,
-        "attempt": attempt.number,
+        **empty,
         "first_step": latest["first_step"],
-        "last_step": rows[0].last_step,
+        "last_step": rows[0][5],
+        "world_size": world or len(rows),
         "ranks": ranks,
+        "slowest": slowest,
+        "slow_count": int(slow.sum()),
+    }
+
+
+def rank_scores_page(
+    scores: dict,
+    *,
+    order: str = "slowest",
+    slow: bool | None = None,
+    node: str | None = None,
+    limit: int = 100,
+    offset: int = 0,
+) -> dict:
+    """One page of `job_rank_scores`, each rank a dict of RANK_FIELDS: the ranks that
+    match (`slow`, on `node`) in `order` (`slowest` or `rank`), with `count` (the ranks
+    matching) and `slow_count` (the window's slow ranks, whatever the filters)."""
+    ranks = scores["ranks"]
+    indexes = scores["slowest"] if order == "slowest" else range(len(ranks))
+    if slow is not None or node is not None:
+        slow_at, node_at = RANK_FIELDS.index("slow"), RANK_FIELDS.index("node")
+        indexes = [
+            i
+            for i in indexes
+            if (slow is None or ranks[i][slow_at] == slow)
+            and (node is None or ranks[i][node_at] == node)
+        ]
+    page = indexes[offset : offset + limit]
+    return {
+        **{k: v for k, v in scores.items() if k != "slowest"},
+        "count": len(indexes),
+        "ranks": [dict(zip(RANK_FIELDS, ranks[i], strict=True)) for i in page],
     }
 
 

@@ -6,7 +6,7 @@ An incident is unique on (job, detector, episode) and every pass updates it to
 what the events now say, so a trace posted late, twice or shuffled gives the
 same incidents.
 
-(Long module: just over 500 lines, one incident's writes from opening to resolving, kept in one
+(Long module: about 530 lines, one incident's writes from opening to resolving, kept in one
 place; what is only read or computed lives in incidents.detectors and .figures.)
 """
 
@@ -21,7 +21,7 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from common.time import dt
-from incidents import figures, signals
+from incidents import figures, selectors, signals
 from incidents.detectors import episodes, job_findings
 from incidents.detectors.base import Finding, Signal, signal_where
 from incidents.detectors.engine import watch_job
@@ -29,7 +29,7 @@ from incidents.models import DetectorState, Incident, SweepState, TimelineEntry
 from incidents.settings import detector_settings
 from jobs.accounting import compute_ledger, load_lifecycle, load_steps
 from jobs.models import Cluster, Node, TrainingJob
-from jobs.services import node_mark_suspect
+from jobs.services import job_revision_cached, node_mark_suspect
 
 logger = logging.getLogger(__name__)
 
@@ -517,3 +517,9 @@ def timeline_entry_add(
         message=message,
         data=data or {},
     )
+
+
+def job_rank_scores_ensure(*, job: TrainingJob) -> dict:
+    """incidents.selectors.job_rank_scores, cached until the job's next ingest: the
+    ranks API pages it per request, and 16,384 ranks are worth scoring once."""
+    return job_revision_cached(job, "rank-scores", lambda: selectors.job_rank_scores(job=job))

@@ -1,7 +1,7 @@
 """The job page's charts: where the GPU-hours went, goodput over time, progress with
-launches, checkpoints and incidents, loss and step time per step bucket, and the
-rank-by-window heatmap. Each builder takes selector output (jobs.selectors,
-jobs.step_stats, incidents.selectors) and only draws it.
+launches, checkpoints and incidents, loss and step time per step bucket (the
+rank-by-window heatmap is console.charts.ranks'). Each builder takes selector output
+(jobs.selectors, jobs.step_stats, incidents.selectors) and only draws it.
 
 Every series is already reduced (buckets of steps and time), so a job of 1,000,000
 steps costs about what a small one does; `downsample` (in `line`) is the last guard.
@@ -437,45 +437,4 @@ def step_time_figure(times: StepTimes, step_width: int) -> dict:
         "step",
         "step time (s)",
         **HALF,
-    )
-
-
-def rank_figure(heatmap: dict) -> dict:
-    """Compute seconds per rank and window of one launch: a straggler is a bright row."""
-    ranks, first_steps = heatmap["ranks"], heatmap["first_steps"]
-    col = {s: j for j, s in enumerate(first_steps)}
-    row = {r: i for i, r in enumerate(ranks)}
-    z = [[None] * len(first_steps) for _ in ranks]
-    nodes: dict[int, str] = {}
-    for rank, first, _, compute, node in heatmap["cells"]:
-        if first in col and rank in row:
-            z[row[rank]][col[first]] = round(compute, 4) if math.isfinite(compute) else None
-            if node:
-                nodes.setdefault(rank, node)
-    labels = [f"rank {r} · {nodes.get(r, 'node ?')}" for r in ranks]
-    shown = f"latest {len(first_steps)} windows" if first_steps else "no windows"
-    more = ""
-    if heatmap["rank_count"] > len(ranks):
-        more = f", first {len(ranks)} of {heatmap['rank_count']} ranks"
-    return _figure(
-        [
-            {
-                "type": "heatmap",
-                "name": "compute seconds",
-                "x": first_steps,
-                "y": labels,
-                "z": z,
-                "colorscale": "Viridis",
-                "colorbar": {"title": {"text": "compute (s)"}},
-                "hovertemplate": "%{y}<br>window from step %{x:,}<br>compute %{z:.3f} s"
-                "<extra></extra>",
-                "hoverongaps": False,
-            }
-        ],
-        f"Compute time per rank and window, launch {heatmap['attempt']} ({shown}{more})",
-        "window's first step",
-        "rank · node",
-        yaxis={"autorange": "reversed", "type": "category"},
-        height=max(320, min(900, 120 + 18 * len(ranks))),
-        margin={"l": 160},
     )

@@ -27,9 +27,9 @@ from console.charts.jobs import (
     goodput_time_figure,
     loss_figure,
     progress_figure,
-    rank_figure,
     step_time_figure,
 )
+from console.charts.ranks import rank_figure
 from console.pages.common import job_heard, viewer_page
 from incidents import selectors as incident_selectors
 from jobs import selectors
@@ -45,6 +45,7 @@ INCIDENTS_CHARTED = 200
 INCIDENTS_LISTED = 10
 HEATMAP_WINDOWS = 200  # the latest windows of the launch, at most
 HEATMAP_CELLS = 20_000  # and fewer windows when it has many ranks
+HEATMAP_ROWS = 256  # a row per rank up to this many ranks, then a row per node
 CHECKPOINT_BUCKET_STEPS = 8  # checkpoints marked: the latest per 8 step buckets
 
 
@@ -227,6 +228,7 @@ def job_detail(request, key):
             world_size=numbers[chosen]["world_size"],
             max_windows=HEATMAP_WINDOWS,
             max_cells=HEATMAP_CELLS,
+            max_rows=HEATMAP_ROWS,
         )
         if chosen is not None
         else None

@@ -148,7 +148,12 @@ class JobRanksSerializer(serializers.Serializer):
     attempt = serializers.IntegerField(allow_null=True)
     first_step = serializers.IntegerField(allow_null=True)
     last_step = serializers.IntegerField(allow_null=True)
-    ranks = RankScoreSerializer(many=True)
+    world_size = serializers.IntegerField(
+        allow_null=True, help_text="the launch's ranks (those of the window if it named none)"
+    )
+    count = serializers.IntegerField(help_text="the ranks that match the filters, all pages")
+    slow_count = serializers.IntegerField(help_text="the window's slow ranks, whatever the filters")
+    ranks = RankScoreSerializer(many=True, help_text="this page of the matching ranks")
 
 
 @extend_schema_field(OpenApiTypes.NUMBER)

@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.errors import Invalid, NotFound
-from common.params import choice_param, time_param
+from common.params import bool_param, choice_param, int_param, time_param
 from common.time import dt
 from incidents import selectors, services
 from incidents.api import serializers as s
@@ -132,15 +132,59 @@ class NodeListView(generics.ListAPIView):
         )
 
 
-class JobRanksView(APIView):
-    """The latest complete window of the job's current launch, scored per rank and node."""
+RANKS_LIMIT_DEFAULT = 100
+RANKS_LIMIT_MAX = 1000
+RANKS_OFFSET_MAX = 2**31 - 1
 
-    @extend_schema(responses=s.JobRanksSerializer)
+
+class JobRanksView(APIView):
+    """The latest complete window of the job's current launch, scored per rank and node,
+    a page at a time (a launch may have tens of thousands of ranks)."""
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "order",
+                str,
+                enum=selectors.RANK_ORDERS,
+                description="`slowest` (default): the lowest of a rank's two scores first;"
+                " `rank`: by rank",
+            ),
+            OpenApiParameter(
+                "slow",
+                str,
+                enum=["true", "false"],
+                description="`true`: only the slow ranks; `false`: the others",
+            ),
+            OpenApiParameter("node", str, description="only the ranks on this node"),
+            OpenApiParameter(
+                "limit",
+                {"type": "integer", "minimum": 1, "maximum": RANKS_LIMIT_MAX},
+                description=f"ranks per page (default {RANKS_LIMIT_DEFAULT})",
+            ),
+            OpenApiParameter(
+                "offset",
+                {"type": "integer", "minimum": 0, "maximum": RANKS_OFFSET_MAX},
+                description="matching ranks skipped before the page (default 0)",
+            ),
+        ],
+        responses=s.JobRanksSerializer,
+    )
     def get(self, request, key):
+        paging = {
+            "order": choice_param(request, "order", selectors.RANK_ORDERS) or "slowest",
+            "slow": bool_param(request, "slow"),
+            "node": request.query_params.get("node") or None,
+            "limit": int_param(
+                request, "limit", default=RANKS_LIMIT_DEFAULT, minimum=1, maximum=RANKS_LIMIT_MAX
+            ),
+            "offset": int_param(request, "offset", default=0, minimum=0, maximum=RANKS_OFFSET_MAX),
+        }
         job = TrainingJob.objects.filter(key=key).first()
         if job is None:
             raise Http404("No such job.")
-        return Response(s.JobRanksSerializer(selectors.job_rank_scores(job=job)).data)
+        scores = services.job_rank_scores_ensure(job=job)
+        return Response(s.JobRanksSerializer(selectors.rank_scores_page(scores, **paging)).data)
 
 
 def _settings_scope(cluster_name: str | None, job_key: str | None):

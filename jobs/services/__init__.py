@@ -33,6 +33,7 @@ from jobs.services.nodes import (
 )
 from jobs.services.page_cache import (
     checkpoint_groups_ensure,
+    job_revision_cached,
     rank_heatmap_ensure,
     step_buckets_ensure,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "events_ingest",
     "job_goodput",
     "job_reopen",
+    "job_revision_cached",
     "launch_reserve",
     "ledger_snapshot_ensure",
     "ledger_snapshot_refresh",

@@ -24,7 +24,7 @@ def step_buckets_ensure(*, job: TrainingJob) -> selectors.StepBuckets:
 
 def checkpoint_groups_ensure(*, job: TrainingJob, step_width: int) -> list[dict]:
     """jobs.selectors.job_checkpoint_groups, cached until the job's next ingest."""
-    return _per_revision(
+    return job_revision_cached(
         job,
         f"checkpoint-groups-{step_width}",
         lambda: selectors.job_checkpoint_groups(job=job, step_width=step_width),
@@ -38,23 +38,26 @@ def rank_heatmap_ensure(
     world_size: int | None = None,
     max_windows: int = 200,
     max_cells: int = 20_000,
+    max_rows: int = 256,
 ) -> dict:
     """jobs.selectors.job_rank_heatmap, cached until the job's next ingest."""
-    return _per_revision(
+    return job_revision_cached(
         job,
-        f"rank-heatmap-{attempt}-{world_size}-{max_windows}-{max_cells}",
+        f"rank-heatmap-{attempt}-{world_size}-{max_windows}-{max_cells}-{max_rows}",
         lambda: selectors.job_rank_heatmap(
             job=job,
             attempt=attempt,
             world_size=world_size,
             max_windows=max_windows,
             max_cells=max_cells,
+            max_rows=max_rows,
         ),
     )
 
 
-def _per_revision(job: TrainingJob, name: str, read):
-    """`read()`, cached until the job's next ingest (which bumps its revision)."""
+def job_revision_cached(job: TrainingJob, name: str, read):
+    """`read()`, cached until the job's next ingest (which bumps its revision): the
+    pages' and the API's reads of a job that are too costly to repeat per request."""
     key = f"jobs:{name}:{job.pk}:{job.created_at.timestamp():.6f}:{job.revision}"
     value = cache.get(key)
     if value is None:

@@ -49,7 +49,10 @@
       var state = nodes[el.dataset.liveNode];
       if (!state) return;
       el.dataset.state = state;
-      if (el.dataset.name) el.title = el.dataset.name + ": " + state.replace(/_/g, " ");
+      if (el.dataset.name) {
+        var incident = el.dataset.incident ? "; open incident " + el.dataset.incident : "";
+        el.title = el.dataset.name + ": " + state.replace(/_/g, " ") + incident;
+      }
     });
     var jobs = status.jobs || {};
     document.querySelectorAll("[data-live-job]").forEach(function (el) {

@@ -103,7 +103,7 @@ def state_of(pk: int) -> str:
 
 def test_an_operator_signs_in_and_sees_the_node_grid_live(tabs, accounts):
     nodes = seed_cluster()
-    job, _ = seed_job(nodes)
+    job, incident = seed_job(nodes)
     call_command("seed_demo", verbosity=0)
     tab = tabs()
     tab.login("alice")  # "/" sends a stranger to the sign-in form, then back
@@ -123,6 +123,13 @@ def test_an_operator_signs_in_and_sees_the_node_grid_live(tabs, accounts):
         f"document.querySelector('{cell}').dataset.state === 'cordoned'", timeout=20_000
     )
     assert page.evaluate("window.__marker") == 1
+    # The node the open incident names is ringed, and keeps the incident in its title
+    # after the live poll rewrote it.
+    ringed = f'[data-live-node="{nodes["n05"].pk}"]'
+    assert "incident" in page.get_attribute(ringed, "class").split()
+    assert f"n05: suspect; open incident #{incident.pk} gpu (gpu_xid)" == page.get_attribute(
+        ringed, "title"
+    )
     tab.assert_clean()
     save_shot("overview.png", tab.screenshot())
     # The job goes quiet: its row turns silent, with the age, without a reload.

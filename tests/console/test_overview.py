@@ -194,6 +194,44 @@ def test_the_grid_colours_names_and_links_every_node(client, personas):
         assert label in html
 
 
+def test_nodes_an_open_incident_names_are_ringed_with_the_incident_in_the_title(client, personas):
+    c = ClusterFactory(name="east")
+    slow, crashed, quiet, healed = (
+        NodeFactory(cluster=c, name=n) for n in ("slow01", "crash02", "quiet03", "healed04")
+    )
+    job = make_job(c, "ringed-job")
+    straggler = incident_row(job, nodes=[slow], cause="straggler", fault_type="slow_rank")
+    first = incident_row(job, nodes=[crashed])
+    newer = incident_row(job, nodes=[crashed], cause="gpu", fault_type="xid")
+    incident_row(job, nodes=[healed], state=Incident.State.RESOLVED)
+    client.force_login(personas["viewer"].user)
+    html = client.get("/").content.decode()
+
+    def cell(node):
+        return re.search(rf'<a class="([^"]*)"[^>]*data-live-node="{node.pk}"[^>]*>', html)
+
+    assert cell(slow).group(1) == "ns ncell incident"
+    assert f'title="slow01: active; open incident #{straggler.pk} straggler (slow_rank)"' in (
+        cell(slow).group(0)
+    )
+    assert f'data-incident="#{straggler.pk} straggler (slow_rank)"' in cell(slow).group(0)
+    # the newest of a node's open incidents, and how many more
+    assert f"open incident #{newer.pk} gpu (xid) and 1 more" in cell(crashed).group(0)
+    assert first.pk < newer.pk
+    for node in (quiet, healed):  # no incident, or none open
+        assert cell(node).group(1) == "ns ncell" and "incident" not in cell(node).group(0)
+    assert "ringed: named by an open incident" in html
+
+
+def test_the_grid_of_2048_nodes_stays_within_the_page():
+    """The grid wraps its fixed-size cells (no horizontal overflow at any width), and
+    the columns below it shrink to a narrow window."""
+    css = (Path(settings.BASE_DIR) / "static" / "css" / "overview.css").read_text()
+    assert re.search(r"\.nodegrid \{[^}]*repeat\(auto-fill, 16px\)", css)
+    assert "minmax(min(560px, 100%), 1fr)" in css
+    assert re.search(r"\.nodegrid a\.incident[^{]*\{[^}]*box-shadow: inset", css)
+
+
 def test_the_state_colours_and_letters_are_those_of_the_charts():
     """The CSS is static; it must keep the colours console.charts names, and each state
     other than active must carry a distinct letter."""
@@ -400,7 +438,7 @@ def test_the_query_count_does_not_grow_with_nodes_jobs_incidents(
     seed(3, 300, 40, 60, 20, prefix="big")
     many = _queries(client)
     assert many == few
-    with django_assert_max_num_queries(17):
+    with django_assert_max_num_queries(18):
         assert client.get("/").status_code == 200
 
 

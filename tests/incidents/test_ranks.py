@@ -1,5 +1,6 @@
 """Per-rank scores of the latest complete window: a slow rank stands out, a uniform
-slowdown does not."""
+slowdown does not; the ranks come a page at a time, slowest first, filtered by
+slowness or node, and a malformed parameter is a 400 naming it."""
 
 import pytest
 
@@ -39,8 +40,8 @@ def start(attempt=1, world=8):
     }
 
 
-def ranks(personas):
-    r = personas["viewer"].client().get("/api/v1/jobs/j1/ranks")
+def ranks(personas, **params):
+    r = personas["viewer"].client().get("/api/v1/jobs/j1/ranks", params)
     assert r.status_code == 200, r.content
     return r.json()
 
@@ -94,7 +95,83 @@ def test_no_windows_yet(ingest, personas):
         "attempt": 1,
         "first_step": None,
         "last_step": None,
+        "world_size": 8,
+        "count": 0,
+        "slow_count": 0,
         "ranks": [],
     }
     assert personas["viewer"].client().get("/api/v1/jobs/nope/ranks").status_code == 404
     assert personas["ingest"].client().get("/api/v1/jobs/j1/ranks").status_code == 403
+
+
+def sixteen_ranks(ingest):
+    """16 ranks on n0..n3; in the latest window rank 13 (on n3) is slow, rank 6 (on n1)
+    a little slower than the rest."""
+    slower = {13: 1.20, 6: 0.88}
+    events = [start(world=16)]
+    events += [window(1, r, 0.80) for r in range(16)]
+    events += [window(11, r, slower.get(r, 0.80)) for r in range(16)]
+    assert ingest(events).status_code == 202
+
+
+def numbers(body):
+    return [x["rank"] for x in body["ranks"]]
+
+
+def test_the_ranks_come_a_page_at_a_time_slowest_first(ingest, personas):
+    sixteen_ranks(ingest)
+    body = ranks(personas, limit=2)
+    assert (body["world_size"], body["count"], body["slow_count"]) == (16, 16, 1)
+    assert (body["first_step"], body["last_step"]) == (11, 20)
+    assert numbers(body) == [13, 6]
+    assert numbers(ranks(personas, limit=2, offset=2)) == [0, 1]  # ties by rank
+    everyone = ranks(personas)  # the default page holds them all
+    assert numbers(everyone) == [13, 6, *(r for r in range(16) if r not in (13, 6))]
+    assert len(everyone["ranks"]) == 16
+    assert ranks(personas, offset=16)["ranks"] == []
+    assert numbers(ranks(personas, order="rank", limit=3)) == [0, 1, 2]
+
+
+def test_the_ranks_filter_by_slowness_and_node(ingest, personas):
+    sixteen_ranks(ingest)
+    slow = ranks(personas, slow="true")
+    assert (slow["count"], slow["slow_count"], numbers(slow)) == (1, 1, [13])
+    fine = ranks(personas, slow="false", limit=1)
+    assert (fine["count"], fine["slow_count"], numbers(fine)) == (15, 1, [6])
+    on_n3 = ranks(personas, node="n3")
+    assert (on_n3["count"], numbers(on_n3)) == (4, [13, 12, 14, 15])
+    assert all(x["node"] == "n3" for x in on_n3["ranks"])
+    assert numbers(ranks(personas, node="n3", order="rank", slow="false")) == [12, 14, 15]
+    assert ranks(personas, node="elsewhere")["count"] == 0
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("limit", "0"),
+        ("limit", "1001"),
+        ("limit", "ten"),
+        ("limit", "1.5"),
+        ("limit", "\u00b2"),
+        ("offset", "-1"),
+        ("offset", "99999999999999999999"),
+        ("order", "fastest"),
+        ("slow", "yes"),
+    ],
+)
+def test_a_malformed_parameter_is_a_400_naming_it(ingest, personas, name, value):
+    sixteen_ranks(ingest)
+    r = personas["viewer"].client().get("/api/v1/jobs/j1/ranks", {name: value})
+    assert r.status_code == 400, r.content
+    assert r.json()["error"] == "invalid_parameter" and r.json()["field"] == name
+    assert name in r.json()["detail"]
+
+
+def test_the_scores_are_read_once_per_revision(ingest, personas, django_assert_num_queries):
+    sixteen_ranks(ingest)
+    ranks(personas, limit=1)
+    with django_assert_num_queries(3):  # the token, its role, the job; the scores cached
+        assert numbers(ranks(personas, limit=1, offset=1)) == [6]
+    events = [window(21, r, 1.20 if r == 1 else 0.80) for r in range(16)]
+    assert ingest(events).status_code == 202  # a new revision: scored anew
+    assert numbers(ranks(personas, limit=1)) == [1]
