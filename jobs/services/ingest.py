@@ -252,16 +252,14 @@ def _record_heartbeats(
             "last_ts",
         )
     # One UPDATE for all the batch's nodes; a heartbeat never moves one back in time,
-    # and moves it only past the liveness granularity (a row version per node and
-    # batch, at thousands of nodes, is mostly dead rows).
-    granularity = timedelta(seconds=settings.REBOUND_NODE_LIVENESS_S)
+    # and rewrites a node only once it is the liveness granularity behind (a row
+    # version per node and batch, at thousands of nodes, is mostly dead rows).
     update_to_latest(
         Node,
-        "last_heartbeat_at",
-        {node_ids[name]: dt(ts) for name, ts in latest.items()},
-        granularity,
+        ["last_heartbeat_at", "last_heard_at"],
+        {node_ids[name]: [dt(ts), now] for name, ts in latest.items()},
+        timedelta(seconds=settings.REBOUND_NODE_LIVENESS_S),
     )
-    update_to_latest(Node, "last_heard_at", {node_ids[name]: now for name in latest}, granularity)
 
 
 def _earlier(current: datetime | None, ts: float) -> bool:
