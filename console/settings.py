@@ -300,6 +300,19 @@ if not 0 < REBOUND_JOB_SILENT_S < 1e9:  # NaN fails both
         f" not {os.environ.get('REBOUND_JOB_SILENT_S')!r}."
     )
 
+# A node's `last_heartbeat_at` and `last_heard_at` are rewritten only once they are this
+# far behind (seconds): at thousands of nodes, updating every node on every batch left
+# a dead row version per node and batch. Readers allow for values this stale.
+try:
+    REBOUND_NODE_LIVENESS_S = float(os.environ.get("REBOUND_NODE_LIVENESS_S") or "5")
+except ValueError:
+    REBOUND_NODE_LIVENESS_S = float("nan")
+if not 0 <= REBOUND_NODE_LIVENESS_S <= 60:  # NaN fails both
+    raise ImproperlyConfigured(
+        "REBOUND_NODE_LIVENESS_S must be a number of seconds from 0 to 60,"
+        f" not {os.environ.get('REBOUND_NODE_LIVENESS_S')!r}."
+    )
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
@@ -347,12 +348,14 @@ def incidents_sweep(*, now=None) -> SweepResult:
     if not unbroken:
         return result  # nothing is known yet of what happened before this run began
     heard = now - timedelta(seconds=SILENT_AFTER_S)
+    # A node's last_heard_at may lag what arrived by up to this (see ingest).
+    stale = timedelta(seconds=settings.REBOUND_NODE_LIVENESS_S)
     for cluster in Cluster.objects.all():
         jobs = TrainingJob.objects.filter(cluster=cluster, status=TrainingJob.Status.RUNNING)
         nodes = Node.objects.filter(cluster=cluster)
         alive = (
             jobs.filter(last_received_at__gte=heard).exists()
-            or nodes.filter(last_heard_at__gte=heard).exists()
+            or nodes.filter(last_heard_at__gte=heard - stale).exists()
         )
         silent_jobs = jobs.filter(last_received_at__lt=heard, last_received_at__gte=dt(since))
         if not alive:
@@ -362,7 +365,7 @@ def incidents_sweep(*, now=None) -> SweepResult:
         timeout = float(detector_settings(None, cluster_id=cluster.pk)["dead_node.timeout_s"])
         quiet = nodes.filter(
             state=Node.State.ACTIVE,
-            last_heard_at__lt=now - timedelta(seconds=timeout),
+            last_heard_at__lt=now - timedelta(seconds=timeout) - stale,
             last_heard_at__gte=max(now - timedelta(seconds=HEARD_WITHIN_S), dt(since)),
         )
         for node in quiet:

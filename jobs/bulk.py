@@ -225,34 +225,57 @@ def update_rows(model, fields: list[str], objs: list) -> None:
         )
 
 
-def update_to_latest(model, field: str, values: dict) -> None:
-    """Move `field` of the rows {pk: value} up to their value, never down: one statement.
+def update_to_latest(model, fields: list[str], values: dict, granularity=None) -> None:
+    """Move `fields` of the rows {pk: [value per field]} up to their values, never down:
+    one statement.
 
     The comparison happens in the database, so concurrent writers cannot move a
-    row back. A NULL field takes the value.
+    row back. A NULL field takes the value. With `granularity` (what the values
+    subtract, a timedelta for datetimes) a row is rewritten only when one of its
+    fields is older than the new value by more than that, and then every field
+    moves up: fields updated on every batch stay at most `granularity` behind,
+    for one row version per row and granularity.
     """
     if not values:
         return
     meta = model._meta
-    pk, target = meta.pk, meta.get_field(field)
+    pk = meta.pk
+    targets = [meta.get_field(f) for f in fields]
     qn = connection.ops.quote_name
-    table, col, key = qn(meta.db_table), qn(target.column), qn(pk.column)
+    table, key = qn(meta.db_table), qn(pk.column)
+    cols = [qn(f.column) for f in targets]
     ids = sorted(values)
-    new = [target.get_db_prep_save(values[i], connection) for i in ids]
+    new, below = [], []
+    for k, f in enumerate(targets):
+        new.append([f.get_db_prep_save(values[i][k], connection) for i in ids])
+        below.append(
+            new[k]
+            if granularity is None
+            else [f.get_db_prep_save(values[i][k] - granularity, connection) for i in ids]
+        )
     if connection.vendor == "postgresql":
+        names = ["id"] + [f"v{k}" for k in range(len(cols))] + [f"b{k}" for k in range(len(cols))]
+        # GREATEST skips NULLs: a NULL field takes the value.
+        sets = ", ".join(f"{c} = GREATEST({table}.{c}, v.v{k})" for k, c in enumerate(cols))
+        stale = " OR ".join(
+            f"{table}.{c} IS NULL OR {table}.{c} < v.b{k}" for k, c in enumerate(cols)
+        )
         with _binary_cursor() as cursor:
-            # GREATEST skips NULLs: a NULL field takes the value.
+            # Rows none of whose fields is stale are not touched: no new row version.
             cursor.execute(
-                f"UPDATE {table} SET {col} = GREATEST({table}.{col}, v.value)"
-                f" FROM {_unnest([pk, target])} AS v(id, value) WHERE {table}.{key} = v.id",
-                [_encode(ids), _encode(new)],
+                f"UPDATE {table} SET {sets} FROM {_unnest([pk, *targets, *targets])}"
+                f" AS v({', '.join(names)}) WHERE {table}.{key} = v.id AND ({stale})",
+                [_encode(ids)] + [_encode(v) for v in new] + [_encode(b) for b in below],
             )
         return
+    sets = ", ".join(f"{c} = MAX(COALESCE({c}, %s), %s)" for c in cols)
+    stale = " OR ".join(f"{c} IS NULL OR {c} < %s" for c in cols)
+    rows = []
+    for j, i in enumerate(ids):
+        row = [v for k in range(len(cols)) for v in (new[k][j], new[k][j])]
+        rows.append([*row, i, *(below[k][j] for k in range(len(cols)))])
     with connection.cursor() as cursor:
-        cursor.executemany(
-            f"UPDATE {table} SET {col} = MAX(COALESCE({col}, %s), %s) WHERE {key} = %s",
-            [(v, v, i) for i, v in zip(ids, new, strict=True)],
-        )
+        cursor.executemany(f"UPDATE {table} SET {sets} WHERE {key} = %s AND ({stale})", rows)
 
 
 def upsert_spans(model, key: list[str], values: list[list], low: str, high: str) -> None:

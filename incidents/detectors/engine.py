@@ -12,15 +12,18 @@ this job is in flight, so every row of the job with an id up to the table's
 highest is stored, and rows stored later get higher ids. Rows that land behind
 what was already read (a late batch, a resent spill), a changed setting, a
 launch boundary that moved, or a stored state of another version make the
-pass rebuild the state from every row. Either way the result is what one pass
-over the whole history gives, whatever the order the events arrived in.
+pass rebuild the state from every row. Heartbeats are the exception: a node's
+view depends on its own buckets only, so one that lands behind them makes the
+pass read that node's buckets again (Watch.nodes_reread), not rebuild the job.
+Either way the result is what one pass over the whole history gives, whatever
+the order the events arrived in.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from django.db import connection, transaction
@@ -62,6 +65,8 @@ class Watch:
     stragglers: list[Straggler]
     rebuilt: bool = False
     rows_read: int = 0
+    # Nodes whose heartbeats were read again (one landed behind them), in place of a rebuild.
+    nodes_reread: list[str] = field(default_factory=list)
 
 
 # --- reading -------------------------------------------------------------------
@@ -198,10 +203,10 @@ def _advance(job, state: EngineState, bounds: dict) -> Watch:
     hangs = hang.advance(job, state, launches, finished, steps, cfg)
     losses = loss.advance(state, steps, cfg)
     stragglers = straggler.advance(state, launches, windows, cfg)
-    dead = dead_node.advance(job, state, launches, finished, upto["beat"], cfg)
+    beats = dead_node.advance(job, state, launches, finished, upto["beat"], cfg)
     state.cursor = upto
     rows = len(steps[0]) + len(windows[0])
-    return Watch(hangs, losses, dead, stragglers, rows_read=rows)
+    return Watch(hangs, losses, beats.dead, stragglers, rows_read=rows, nodes_reread=beats.reread)
 
 
 def _check_late_lifecycle(job, state: EngineState, upto: int) -> None:

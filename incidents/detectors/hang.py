@@ -16,11 +16,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from django.conf import settings
 
 from incidents.detectors.base import Signal, by_launch, launch_stop
 from incidents.detectors.state import EngineState, Hang, Rebuild, StepsState, Verdict
 from jobs.accounting import Launch
-from jobs.models import Node
+from jobs.models import HeartbeatBucket, Node
 
 
 def advance(job, state: EngineState, launches, finished, steps, cfg) -> list[Signal]:
@@ -184,6 +185,20 @@ def _culprit(job, attempt: int, detected_ts: float) -> str | None:
         .values_list("name", "last_heartbeat_at")
     )
     silent = [name for name, last in nodes if last.timestamp() < detected_ts]
+    # The stored value lags by up to the liveness granularity (see ingest): a node just
+    # short of `detected_ts` is asked of the job's heartbeat buckets, which are exact.
+    near = detected_ts - settings.REBOUND_NODE_LIVENESS_S
+    unsure = [name for name, last in nodes if near <= last.timestamp() < detected_ts]
+    if unsure:
+        heard = set(
+            HeartbeatBucket.objects.filter(
+                job=job,
+                node__in=unsure,
+                bucket__gte=math.floor(detected_ts / HeartbeatBucket.BUCKET_S),
+                last_ts__gte=detected_ts,
+            ).values_list("node", flat=True)
+        )
+        silent = [name for name in silent if name not in heard]
     if len(silent) == 1 and len(nodes) > 1:
         return silent[0]
     return None

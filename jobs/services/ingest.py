@@ -10,9 +10,10 @@ count the same event as new. What a batch may not rewrite is checked in
 
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import orjson
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -250,11 +251,15 @@ def _record_heartbeats(
             "first_ts",
             "last_ts",
         )
-    # One UPDATE for all the batch's nodes; a heartbeat never moves one back in time.
+    # One UPDATE for all the batch's nodes; a heartbeat never moves one back in time,
+    # and rewrites a node only once it is the liveness granularity behind (a row
+    # version per node and batch, at thousands of nodes, is mostly dead rows).
     update_to_latest(
-        Node, "last_heartbeat_at", {node_ids[name]: dt(ts) for name, ts in latest.items()}
+        Node,
+        ["last_heartbeat_at", "last_heard_at"],
+        {node_ids[name]: [dt(ts), now] for name, ts in latest.items()},
+        timedelta(seconds=settings.REBOUND_NODE_LIVENESS_S),
     )
-    update_to_latest(Node, "last_heard_at", {node_ids[name]: now for name in latest})
 
 
 def _earlier(current: datetime | None, ts: float) -> bool:

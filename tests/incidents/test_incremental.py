@@ -170,3 +170,34 @@ def test_a_changed_setting_rebuilds(ingest):
     DetectorSetting.objects.create(job=job, name="straggler.windows", value=30)
     w = watch("cfg")
     assert w.rebuilt and w.stragglers == []  # 20 slow windows no longer make a streak
+
+
+def test_a_late_heartbeat_rereads_its_node_not_the_job(ingest):
+    expected = one_pass(ingest, "whole")
+    events = trace("hb")
+    # n1's heartbeats of 15 s (under the dead-node timeout: no silence while they are
+    # away) arrive after everything up to 200 s: two buckets behind the ones read.
+    held = [
+        e
+        for e in events
+        if e["kind"] == "heartbeat" and e["node"] == "n1" and T0 + 100 < e["ts"] <= T0 + 115
+    ]
+    assert {int(e["ts"] // 10) for e in held} == {int(T0 // 10) + 10, int(T0 // 10) + 11}
+    rest = [e for e in events if e not in held]
+    head = [e for e in rest if e["ts"] <= T0 + 200]
+    batches = [head[i : i + 97] for i in range(0, len(head), 97)]
+    late = len(batches)
+    batches.append(held)
+    tail = [e for e in rest if e["ts"] > T0 + 200]
+    batches += [tail[i : i + 97] for i in range(0, len(tail), 97)]
+    reread = []
+    for k, batch in enumerate(batches):
+        assert ingest(batch).status_code == 202
+        w = watch("hb")
+        assert w.rebuilt == (k == 0)
+        reread.append(w.nodes_reread)
+        services.incidents_detect(job=TrainingJob.objects.get(key="hb"))
+    assert reread[late] == ["n1"]  # that node alone, in place of a rebuild
+    assert sum(map(len, reread)) == 1
+    services.incidents_update_figures(job=TrainingJob.objects.get(key="hb"))
+    assert summary("hb") == expected

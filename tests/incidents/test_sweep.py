@@ -112,6 +112,19 @@ def test_a_node_heard_long_ago_stays_as_it_is(two_jobs, sweeping):
     assert Node.objects.get(name="n0").state == Node.State.ACTIVE
 
 
+
+def test_a_node_is_suspect_only_past_its_timeout_and_the_liveness_granularity(
+    two_jobs, sweeping, settings
+):
+    # last_heard_at may lag by REBOUND_NODE_LIVENESS_S (ingest rewrites it that
+    # seldom): 30 s timeout + 4 s is within what a live node's row can show.
+    settings.REBOUND_NODE_LIVENESS_S = 5.0
+    received("quiet", 2)
+    heard("n0", 34)
+    assert services.incidents_sweep(now=NOW).suspect == []
+    heard("n0", 36)
+    assert services.incidents_sweep(now=NOW).suspect == ["n0"]
+
 def test_the_worker_runs_the_sweep_on_a_schedule():
     entry = settings.CELERY_BEAT_SCHEDULE["incidents-sweep"]
     assert entry["task"] == tasks.incidents_sweep.name == "incidents.sweep"
