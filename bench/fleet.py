@@ -1,7 +1,7 @@
 """Detection and accounting against a known truth: a simulated fleet through Rebound.
 
     .venv/bin/python bench/fleet.py [--nodes 16] [--days 1] [--rate 100] [--seed 0]
-        [--tick 60] [--json PATH] [--database-url postgres://...]
+        [--tick 60] [--pass-every 300] [--json PATH] [--database-url postgres://...]
 
 Simulates `--nodes` nodes x 8 GPUs running a few jobs for `--days` (bench/fleetsim/sim.py:
 faults by the Llama 3 mix at `--rate` per 1,000 node-days, noise that must not open
@@ -32,6 +32,9 @@ def main():
     ap.add_argument("--rate", type=float, default=100.0, help="faults per 1,000 node-days")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tick", type=float, default=60.0, help="simulated seconds per ingest")
+    ap.add_argument(
+        "--pass-every", type=float, default=300.0, help="simulated seconds between full passes"
+    )
     ap.add_argument("--json", help="write the scoreboard as JSON here")
     ap.add_argument("--keep", action="store_true", help="keep the run's jobs and incidents")
     ap.add_argument(
@@ -64,7 +67,9 @@ def main():
     cluster = f"bench-fleet-{run}"
     keys = [j.key for j in fleet.jobs]
     try:
-        stats = replay(fleet.events, cluster_name=cluster, tick_s=args.tick)
+        stats = replay(
+            fleet.events, cluster_name=cluster, tick_s=args.tick, pass_every_s=args.pass_every
+        )
         board = scoreboard(fleet, incidents_seen(keys), goodput_seen(keys))
     finally:
         if not args.keep:
@@ -78,6 +83,7 @@ def main():
         "full_passes": stats.full_passes,
         "sweeps": stats.sweeps,
         "tick_s": args.tick,
+        "pass_every_s": args.pass_every,
     }
     print(render(board))
     print(

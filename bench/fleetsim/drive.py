@@ -10,7 +10,9 @@ the sweep judges silence by follow the simulated clock. The API never passes it.
 After each tick the driver does what the worker does after ingest
 (incidents.receivers): a quick pass (reported faults only) for jobs whose new
 events can open an episode, and a full pass for every job with new events at most
-once per DEBOUNCE_S; then the sweep with `now` the tick's end. A sweep counts its
+once per `pass_every_s` (production's DEBOUNCE_S by default; longer saves time:
+an inferred fault's detected time is on the job's clock, so a sparser pass moves
+only its `opened_at`); then the sweep with `now` the tick's end. A sweep counts its
 run as unbroken only when it ran within 3 x SWEEP_EVERY_S: for ticks longer than
 that the driver records the sweep as having run SWEEP_EVERY_S before (what the
 sweeps in between leave behind; tests/incidents/test_sweep.py does the same), so
@@ -53,7 +55,13 @@ class DriveStats:
     wall_s: float = 0.0
 
 
-def replay(events: list[dict], *, cluster_name: str, tick_s: float = 60.0) -> DriveStats:
+def replay(
+    events: list[dict],
+    *,
+    cluster_name: str,
+    tick_s: float = 60.0,
+    pass_every_s: float = DEBOUNCE_S,
+) -> DriveStats:
     """Ingest `events` (sorted by ts) tick by tick, detecting as production does."""
     began = time.monotonic()
     stats = DriveStats()
@@ -78,7 +86,7 @@ def replay(events: list[dict], *, cluster_name: str, tick_s: float = 60.0) -> Dr
                 if ks & EPISODE_KINDS:
                     incidents_detect_pass(job=job, inferred=False)
                     stats.quick_passes += 1
-                if tick_end - last_full.get(key, -1e18) >= DEBOUNCE_S:
+                if tick_end - last_full.get(key, -1e18) >= pass_every_s:
                     incidents_detect_pass(job=job)
                     last_full[key] = tick_end
                     stats.full_passes += 1

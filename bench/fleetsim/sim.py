@@ -75,6 +75,8 @@ class FleetConfig:
     checkpoint_every: int = 40  # steps
     straggler_share: float = 0.15  # stragglers per interrupting fault
     max_job_nodes: int = 128  # 1,024 ranks
+    mix: dict[str, float] | None = None  # the fault classes' weights; default MIX
+    hang_share: float = HANG_SHARE
     job_nodes: tuple[int, ...] | None = None  # the jobs' sizes in nodes; default: fill the fleet
 
 
@@ -237,7 +239,7 @@ class _JobSim:
             if straggler is None and t >= straggler_at:
                 idx = int(rng.integers(len(self.nodes)))
                 factor = float(rng.uniform(1.2, 4.0))
-                until = t + float(rng.uniform(10, 60)) * 60
+                until = t + float(rng.uniform(30, 180)) * 60  # until someone replaces it
                 straggler = (idx, factor, until)
                 self.faults.append(
                     TrueFault(
@@ -306,10 +308,11 @@ class _JobSim:
         return self.finish(attempt, outcome, t, last_step_ts, step, saved, blocking_since_step)
 
     def pick_fault(self) -> str:
-        classes = list(MIX)
-        p = np.array([MIX[c] for c in classes])
+        mix = self.cfg.mix or MIX
+        classes = list(mix)
+        p = np.array([mix[c] for c in classes])
         cls = classes[int(self.rng.choice(len(classes), p=p / p.sum()))]
-        if cls in ("gpu_xid", "nccl_timeout") and self.rng.random() < HANG_SHARE:
+        if cls in ("gpu_xid", "nccl_timeout") and self.rng.random() < self.cfg.hang_share:
             return "hang"
         return cls
 
