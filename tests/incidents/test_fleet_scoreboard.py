@@ -11,13 +11,15 @@ Measured on PostgreSQL, as (recall, time to detect p95): gpu_xid 2/2 (0 s), cras
 600 s, so none typed nccl_timeout), hang 1/1 (261 s), dead_node 3/3 (20 s; typed
 hang, the silent node named), straggler 2/5 (135 s), sdc 1/1 (214 s); the planned
 stops opened nothing; 1 false incident (a hang); goodput exact for both jobs (0.000
-percentage points). The floors below are those figures.
+percentage points). The floors below are those figures. SQLite alike, but for the sdc:
+its NaN loss is not kept there, so it is found only as a launch that failed.
 """
 
 import sys
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
@@ -61,8 +63,10 @@ def test_scoreboard_floors():
     for cls, floor in recall_floors.items():
         assert classes[cls]["injected"], (cls, shown)
         assert classes[cls]["recall"] >= floor, (cls, shown)
-    for cls in ("gpu_xid", "crash", "straggler", "sdc"):
+    for cls in ("gpu_xid", "crash", "straggler"):
         assert classes[cls]["precision"] == 1.0, (cls, shown)
+    if connection.vendor == "postgresql":  # SQLite keeps no NaN loss: the sdc shows as a failed end
+        assert classes["sdc"]["typed"] == 1 and classes["sdc"]["precision"] == 1.0, shown
     assert classes["hang"]["precision"] >= 0.9, shown
     assert classes["planned"]["detected"] == 0, shown
     assert board["false_incidents"] <= 1, shown
