@@ -361,7 +361,8 @@ class _JobSim:
             self.heartbeats(attempt, self._start_of(attempt), end, silent)
             return end, saved, True
         if outcome == "planned":
-            t2 = self.save(attempt, step, t, long_ok=False)  # drained: a last save, then stop
+            # Drained: a last save (unless the step's own was the last thing), then stop.
+            t2 = t if saved == step else self.save(attempt, step, t, long_ok=False)
             tail_blocking += t2 - t
             end = t2 + 10.0
             self.emit("attempt_ended", end, attempt, node=self.nodes[0], rank=0, reason="preempted")
