@@ -157,6 +157,8 @@ def _episode_fields(episode: Episode) -> dict:
                 f" {first.data['last_step']} (timeout {first.data['timeout_s']:.0f} s)"
             )
         nodes = [first.node] if first.node else []
+        if not nodes:  # a hang with no culprit: the node the dead-node detector found silent
+            nodes = sorted({s.node for s in episode.signals if _is_dead_node(s)})
         ranks = [first.rank] if first.rank is not None else _ranks_named(episode, first)
         # The fault began at its earliest sign, though its cause may be reported later
         # (a launch's supervisor reports the rank that died after tearing the launch
@@ -187,6 +189,10 @@ def _episode_fields(episode: Episode) -> dict:
         "_nodes": nodes,
         "_why": _attribution(episode, first),
     }
+
+
+def _is_dead_node(s: Signal) -> bool:
+    return s.kind == "fault" and s.data.get("type") == "dead_node" and bool(s.node)
 
 
 def _ranks_named(episode: Episode, first: Signal) -> list[int]:

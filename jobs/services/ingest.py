@@ -154,9 +154,15 @@ def _ensure_nodes(cluster_id: int, names: set[str]) -> dict[str, int]:
     return found
 
 
-def events_ingest(*, cluster: Cluster, events: list[WireEvent]) -> IngestResult:
-    """Store a validated batch for jobs of `cluster`; see the module docstring."""
-    now = timezone.now()
+def events_ingest(
+    *, cluster: Cluster, events: list[WireEvent], received_at: datetime | None = None
+) -> IngestResult:
+    """Store a validated batch for jobs of `cluster`; see the module docstring.
+
+    `received_at` stands for the server's clock (the events' `received_at`, the jobs'
+    last_received_at, the nodes' last_heard_at) in a replay on a simulated clock
+    (bench/fleetsim); the API never passes it."""
+    now = received_at or timezone.now()
     with transaction.atomic():
         jobs = _lock_jobs(cluster=cluster, keys={e.job for e in events})
         fresh = _insert_events(jobs, events, now)

@@ -130,6 +130,14 @@ def test_the_node_that_fell_silent_is_named(ingest):
     assert [n.name for n in hang.nodes.all()] == ["n1"]
 
 
+def test_the_silent_node_of_a_one_node_launch_is_named(ingest):
+    """No peer kept sending to tell the culprit by, but the dead-node detector found it."""
+    times = [11 + i for i in range(20)]
+    events = start(nodes=("n0",)) + steps(times) + heartbeats(0, 40, "n0")
+    [hang] = hangs(ingest, events + [ev("attempt_ended", 700, reason="failed")])
+    assert [n.name for n in hang.nodes.all()] == ["n0"]
+
+
 def test_a_hang_then_a_kill_and_a_relaunch_is_one_incident(ingest):
     times = [11 + i for i in range(20)]
     events = (
