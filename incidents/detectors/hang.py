@@ -3,9 +3,9 @@
 timeout = max(floor, factor x the longest step interval learned so far), where
 the longest interval is this launch's own so far (its first steps skipped:
 warm-up is slow) or, when larger, the smoothed longest of earlier launches; a
-gap with a checkpoint save started in it gets an allowance more. An interval
-found to be a hang is not learned from. A running launch's open tail runs to
-the job's latest event. The time of announced pauses (`pause_started` ..
+gap with a checkpoint save started in it gets an allowance more, and is not
+learned from (nor is an interval found to be a hang). A running launch's open
+tail runs to the job's latest event. The time of announced pauses (`pause_started` ..
 `pause_ended`: an evaluation, say) is left out of a gap, both to judge it and to
 learn from it; a pause still open counts up to `hang.pause_max_s`, after which
 the time counts again (a hang inside an evaluation).
@@ -74,15 +74,18 @@ def _timeouts(idx, learned_before, smoothed, begins, ends, launch, cfg):
         np.maximum(cfg["hang.floor_s"], cfg["hang.factor"] * baseline),
         max(cfg["hang.floor_s"], cfg["hang.warmup_timeout_s"]),  # compiling takes minutes
     )
+    # A save started inside the interval: allow for it.
+    return timeouts + np.where(_saving(begins, ends, launch), cfg["hang.save_allowance_s"], 0.0)
+
+
+def _saving(begins: np.ndarray, ends: np.ndarray, launch: Launch) -> np.ndarray:
+    """Per interval, whether a checkpoint save started inside it."""
     save_starts = np.array(
         sorted(v["started"] for v in launch.saves.values() if v.get("started") is not None)
     )
-    if len(save_starts):  # a save started inside the interval: allow for it
-        inside = np.searchsorted(save_starts, ends, "left") > np.searchsorted(
-            save_starts, begins, "left"
-        )
-        timeouts = timeouts + np.where(inside, cfg["hang.save_allowance_s"], 0.0)
-    return timeouts
+    if not len(save_starts):
+        return np.zeros(len(begins), dtype=bool)
+    return np.searchsorted(save_starts, ends, "left") > np.searchsorted(save_starts, begins, "left")
 
 
 def _paused(begins: np.ndarray, ends: np.ndarray, launch: Launch, cfg) -> np.ndarray:
@@ -112,7 +115,10 @@ def _chunk(s: StepsState, launch: Launch, ts: np.ndarray, numbers: np.ndarray, c
     gaps = ends - begins
     if launch.pauses:
         gaps = gaps - _paused(begins, ends, launch, cfg)
-    learnable = np.where(idx >= cfg["hang.skip_steps"], gaps, 0.0)
+    # A gap with a save in it is not a step interval: learning it would stretch the
+    # timeout to factor x the save for the rest of the launch (and the next ones).
+    learns = (idx >= cfg["hang.skip_steps"]) & ~_saving(begins, ends, launch)
+    learnable = np.where(learns, gaps, 0.0)
     learned_before = np.maximum(
         s.learned, np.concatenate(([0.0], np.maximum.accumulate(learnable)[:-1]))
     )
@@ -145,8 +151,8 @@ def _tail(s: StepsState, launch: Launch, stop: float | None, cfg) -> tuple[Hang 
     )
     if gap > timeout:
         return Hang(begin=s.last_ts, step=s.last_step, timeout=timeout, gap=gap), s.learned
-    learnable = gap if idx[0] >= cfg["hang.skip_steps"] else 0.0
-    return None, max(s.learned, learnable)
+    learns = idx[0] >= cfg["hang.skip_steps"] and not _saving(begins, ends, launch)[0]
+    return None, max(s.learned, gap if learns else 0.0)
 
 
 def _signal(job, launch: Launch, hang: Hang, cfg) -> Signal:

@@ -113,6 +113,20 @@ def test_a_slow_checkpoint_save_is_not_a_hang(ingest):
     assert hangs(ingest, events + heartbeats(341, 360)) == []
 
 
+def test_a_long_save_is_not_learned_as_a_step_interval(ingest):
+    """A 300 s save between 1 s steps: no hang, and a stall after it is still found at
+    the floor (60 s), not at 5 x the save's gap."""
+    times = [11 + i for i in range(20)] + [331 + i for i in range(10)]  # the save: 30..331
+    events = start() + steps(times)
+    events += [
+        ev("checkpoint_save_started", 30, step=20),
+        ev("checkpoint_saved", 330, step=20, blocking_s=300.0),
+    ]
+    [hang] = hangs(ingest, events + heartbeats(341, 500))  # no step after 340
+    assert hang.fault_at.timestamp() == pytest.approx(T0 + 340)
+    assert hang.detected_at.timestamp() == pytest.approx(T0 + 400)
+
+
 def test_the_timeout_is_learned_from_the_launch(ingest):
     times = [11 + 20 * i for i in range(10)]  # a step every 20 s: timeout 5 x 20 = 100 s
     times += [times[-1] + 90]  # 90 s: no hang, and now the longest interval: timeout 450 s
