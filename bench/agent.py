@@ -285,6 +285,7 @@ class Receiver:
 
         counts = self.counts = {"requests": 0, "events": 0}
         steps = self.steps = {}  # job -> step events received
+        lock = threading.Lock()  # each rank's reporter posts on a handler thread of its own
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -295,11 +296,12 @@ class Receiver:
                     body = gzip.decompress(body)
                 events = json.loads(body).get("events", [])
                 n = len(events)
-                counts["requests"] += 1
-                counts["events"] += n
-                for e in events:
-                    if e.get("kind") == "step":
-                        steps[e["job"]] = steps.get(e["job"], 0) + 1
+                with lock:
+                    counts["requests"] += 1
+                    counts["events"] += n
+                    for e in events:
+                        if e.get("kind") == "step":
+                            steps[e["job"]] = steps.get(e["job"], 0) + 1
                 answer = json.dumps({"accepted": n, "duplicates": 0}).encode()
                 self.send_response(202)
                 self.send_header("Content-Type", "application/json")
