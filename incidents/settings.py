@@ -34,7 +34,7 @@ DEFAULTS: dict[str, float | int] = {
     "hang.factor": 5,
     "hang.floor_s": 60,
     "hang.skip_steps": 3,
-    "hang.warmup_timeout_s": 900,  # before anything is learned (the first steps, no history)
+    "hang.warmup_timeout_s": 900,  # a launch's first steps (compiling), at the least
     "hang.save_allowance_s": 600,
     "hang.smoothing": 0.5,
     # An announced pause (an evaluation) is not a stall, up to this long.
@@ -70,7 +70,7 @@ DESCRIPTIONS: dict[str, str] = {
     "hang.factor": "A hang: no step for this many times the longest step interval learned.",
     "hang.floor_s": "The hang timeout is never shorter than this (s).",
     "hang.skip_steps": "First steps of a launch not learned from (warm-up is slow).",
-    "hang.warmup_timeout_s": "Hang timeout (s) before any step interval is learned.",
+    "hang.warmup_timeout_s": "Hang timeout (s) at the least for a launch's first steps.",
     "hang.save_allowance_s": "Extra time (s) allowed when a checkpoint save started in the gap.",
     "hang.smoothing": "Weight (0..1] of the latest launch in the interval learned across launches.",
     "hang.pause_max_s": "Longest announced pause (s) left out of a hang's gap; beyond, it counts.",

@@ -4,7 +4,8 @@ An incident matches an injected fault of its job when its `fault_at` lies in the
 fault's window: from MATCH_BEFORE_S before the fault (a hang's incident starts at
 the last progress, which precedes the fault) to MATCH_AFTER_S after the end of
 what it caused (the launch's end; the straggler's end). Among several, the fault
-on a node the incident names wins, then the nearest. Per class:
+of the class the incident claims wins, then one on a node it names, then the nearest.
+Per class:
 
 - injected, detected (faults with an incident), recall = detected / injected;
 - typed: detected faults whose incident says the right kind (a crash found only
@@ -17,9 +18,17 @@ on a node the incident names wins, then the nearest. Per class:
 
 Planned stops (host maintenance) are injected but expected to open nothing: their
 recall is not counted and an incident on one is a false incident. Repeat-offender
-incidents judge nodes across faults, not one fault: counted apart.
+and crash-loop incidents judge nodes or launches across faults, not one fault:
+counted apart.
 Per job: goodput (productive / elapsed) from Rebound's ledger and from the truth,
 and the absolute error in percentage points.
+Per interruption found (sim.INTERRUPTING): the incident's lost GPU-hours, resumed
+and recovered times against the truth (sim.TrueFault.figures), from the matching
+incident that carries the launch's cost; per class the worst relative error of the
+loss and the worst error of the times, in seconds.
+The reliability report (incidents.selectors.reliability) over the run: failures in
+all and by cause, and MTBF, against the interruptions injected by the cause each
+stands for (sim.CAUSES).
 """
 
 from __future__ import annotations
@@ -28,8 +37,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fleetsim.sim import Fleet
+from fleetsim.sim import CAUSES, INTERRUPTING, T0, Fleet
 
+# A straggler Rebound should find: 1.5x or worse (the straggler detector's threshold is
+# 1.33x), slow for at least this many rank windows (it needs 3 in a row, complete).
+STRAGGLER_FACTOR = 1.5
+STRAGGLER_WINDOWS = 4
 MATCH_BEFORE_S = 300.0
 MATCH_AFTER_S = 120.0
 CLASSES = (
@@ -39,6 +52,7 @@ CLASSES = (
     "hang",
     "dead_node",
     "straggler",
+    "straggler_1.5x",
     "sdc",
     "planned",
 )
@@ -56,7 +70,7 @@ TYPE_CLASS = {
     "loss_spike": "sdc",
     "sdc": "sdc",
 }
-NOT_PER_FAULT = ("repeat_offender",)
+NOT_PER_FAULT = ("repeat_offender", "crash_loop")
 
 
 @dataclass
@@ -67,6 +81,10 @@ class SeenIncident:
     nodes: list[str]
     fault_at: float
     detected_at: float
+    cause: str = ""
+    lost_gpu_s: float = 0.0
+    resumed_at: float | None = None
+    recovered_at: float | None = None
 
 
 def incidents_seen(job_keys: list[str]) -> list[SeenIncident]:
@@ -82,6 +100,10 @@ def incidents_seen(job_keys: list[str]) -> list[SeenIncident]:
             [n.name for n in i.nodes.all()],
             i.fault_at.timestamp(),
             i.detected_at.timestamp() if i.detected_at else i.fault_at.timestamp(),
+            i.cause,
+            i.lost_gpu_seconds,
+            i.resumed_at.timestamp() if i.resumed_at else None,
+            i.recovered_at.timestamp() if i.recovered_at else None,
         )
         for i in rows.prefetch_related("nodes").order_by("fault_at", "id")
     ]
@@ -101,12 +123,23 @@ def goodput_seen(job_keys: list[str]) -> dict[str, float | None]:
     return out
 
 
+def reliability_seen(cluster: str, days: float) -> dict:
+    """The reliability report over the run's span, as the API gives it."""
+    from common.time import dt
+    from incidents.selectors import reliability
+
+    return reliability(cluster=cluster, start=dt(T0), end=dt(T0 + days * 86400))
+
+
 def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
 def scoreboard(
-    fleet: Fleet, incidents: list[SeenIncident], goodput: dict[str, float | None]
+    fleet: Fleet,
+    incidents: list[SeenIncident],
+    goodput: dict[str, float | None],
+    report: dict | None = None,
 ) -> dict:
     faults = fleet.faults
     matched: dict[int, list[SeenIncident]] = {}  # fault index -> its incidents
@@ -119,7 +152,11 @@ def scoreboard(
                 continue
             if not (f.ts - MATCH_BEFORE_S <= inc.fault_at <= f.until + MATCH_AFTER_S):
                 continue
-            key = (f.node not in inc.nodes, abs(inc.fault_at - f.ts))
+            key = (
+                TYPE_CLASS.get(inc.fault_type) != f.cls,
+                f.node not in inc.nodes,
+                abs(inc.fault_at - f.ts),
+            )
             if best_key is None or key < best_key:
                 best, best_key = k, key
         if best is None or faults[best].cls == "planned":
@@ -131,13 +168,18 @@ def scoreboard(
     classes = {}
     node_days = fleet.node_days
     for cls in CLASSES:
-        idx = [k for k, f in enumerate(faults) if f.cls == cls]
+        idx = [k for k, f in enumerate(faults) if _in_class(f, cls, fleet)]
         found = [k for k in idx if k in matched]
-        typed = [k for k in found if any(TYPE_CLASS.get(i.fault_type) == cls for i in matched[k])]
+        typed = [
+            k
+            for k in found
+            if any(TYPE_CLASS.get(i.fault_type) == faults[k].cls for i in matched[k])
+        ]
         named = [k for k in found if any(faults[k].node in i.nodes for i in matched[k])]
         ttd = [min(i.detected_at for i in matched[k]) - faults[k].ts for k in found]
-        claimed = [i for i in per_fault if TYPE_CLASS.get(i.fault_type) == cls]
+        claimed = [i for i in per_fault if TYPE_CLASS.get(i.fault_type) == cls.split("_1.5x")[0]]
         true_claims = [i for i in claimed if id(i) not in false_ids]
+        figures = [_figures_error(faults[k], matched[k]) for k in found if cls in INTERRUPTING]
         classes[cls] = {
             "injected": len(idx),
             "detected": len(found),
@@ -149,6 +191,9 @@ def scoreboard(
             "precision": len(true_claims) / len(claimed) if claimed else None,
             "ttd_p50_s": _pct(ttd, 50),
             "ttd_p95_s": _pct(ttd, 95),
+            "lost_error_max": _worst(figures, "lost"),
+            "resumed_error_max_s": _worst(figures, "resumed_s"),
+            "recovered_error_max_s": _worst(figures, "recovered_s"),
         }
     false_by_type: dict[str, int] = {}
     for i in false:
@@ -182,6 +227,85 @@ def scoreboard(
         "false_by_type": false_by_type,
         "jobs": jobs,
         "goodput_error_pp_max": max((j["error_pp"] or 0.0) for j in jobs) if jobs else None,
+        "missed": [
+            {
+                "class": f.cls,
+                "job": f.job,
+                "node": f.node,
+                "attempt": f.attempt,
+                "at": f.ts - T0,
+                "lasted_s": f.until - f.ts,
+                **f.detail,
+            }
+            for k, f in enumerate(faults)
+            if k not in matched and f.cls != "planned"
+        ],
+        "false": [
+            {"type": i.fault_type, "job": i.job, "nodes": i.nodes, "at": i.fault_at - T0}
+            for i in false
+        ],
+        "reliability": _reliability(fleet, report) if report is not None else None,
+    }
+
+
+def _in_class(fault, cls: str, fleet: Fleet) -> bool:
+    """`straggler_1.5x`: the stragglers Rebound should find (STRAGGLER_FACTOR, _WINDOWS)."""
+    if cls != "straggler_1.5x":
+        return fault.cls == cls
+    if fault.cls != "straggler" or fault.detail["factor"] < STRAGGLER_FACTOR:
+        return False
+    step_s = fleet.config.step_s * (0.8 * fault.detail["factor"] + 0.2)  # as it slows them
+    return fault.until - fault.ts >= STRAGGLER_WINDOWS * fleet.config.window_steps * step_s
+
+
+def _figures_error(fault, incidents: list[SeenIncident]) -> dict:
+    """The interruption's figures against those of its incident that carries the cost:
+    the loss's relative error, the times' errors in seconds (None where either side
+    has no such time; inf where only one side has it)."""
+    inc = max(incidents, key=lambda i: i.lost_gpu_s)
+    truth = fault.figures
+    lost = (
+        abs(inc.lost_gpu_s - truth["lost_gpu_s"]) / truth["lost_gpu_s"]
+        if truth["lost_gpu_s"]
+        else None
+    )
+    out = {"lost": lost}
+    for name in ("resumed", "recovered"):
+        t, s = truth[f"{name}_at"], getattr(inc, f"{name}_at")
+        out[f"{name}_s"] = (
+            None
+            if t is None and s is None
+            else (abs(t - s) if t is not None and s is not None else float("inf"))
+        )
+    return out
+
+
+def _worst(errors: list[dict], name: str) -> float | None:
+    values = [e[name] for e in errors if e[name] is not None]
+    return max(values) if values else None
+
+
+def _reliability(fleet: Fleet, report: dict) -> dict:
+    """Failures by cause: injected (the cause each class stands for) and reported."""
+    true: dict[str, int] = {}
+    for f in fleet.faults:
+        if f.cls in INTERRUPTING:
+            true[CAUSES[f.cls]] = true.get(CAUSES[f.cls], 0) + 1
+    seen = {cause: c["failures"] for cause, c in report["by_cause"].items() if c["failures"]}
+    period_s = fleet.config.days * 86400
+    failures = sum(true.values())
+    return {
+        "failures_true": failures,
+        "failures_seen": report["failures"],
+        "by_cause": {c: [true.get(c, 0), seen.get(c, 0)] for c in sorted({*true, *seen})},
+        "mtbf_true_s": period_s / failures if failures else None,
+        "mtbf_seen_s": report["mtbf_s"],
+        "lost_gpu_hours_true": sum(f.figures["lost_gpu_s"] for f in fleet.faults if f.figures)
+        / 3600,
+        # A straggler's cost is slowdown, not an interruption's: left out
+        "lost_gpu_hours_seen": sum(
+            c["lost_gpu_hours"] for cause, c in report["by_cause"].items() if cause != "straggler"
+        ),
     }
 
 
@@ -195,13 +319,16 @@ def render(board: dict) -> str:
         f"fleet: {c['nodes']} nodes x {c['days']:g} days ({c['node_days']:g} node-days),"
         f" {c['rate']:g} faults per 1,000 node-days, seed {c['seed']}, {c['events']:,} events",
         f"{'class':<13}{'inj':>5}{'det':>5}{'typed':>6}{'node':>5}{'recall':>8}"
-        f"{'incid':>6}{'prec':>6}{'ttd p50':>9}{'ttd p95':>9}",
+        f"{'incid':>6}{'prec':>6}{'ttd p50':>9}{'ttd p95':>9}"
+        f"{'lost err':>10}{'resume err':>11}{'recover err':>12}",
     ]
     for cls, r in board["classes"].items():
         lines.append(
             f"{cls:<13}{r['injected']:>5}{r['detected']:>5}{r['typed']:>6}{r['node_named']:>5}"
             f"{_f(r['recall']):>8}{r['incidents']:>6}{_f(r['precision']):>6}"
             f"{_f(r['ttd_p50_s'], '{:.0f}s'):>9}{_f(r['ttd_p95_s'], '{:.0f}s'):>9}"
+            f"{_f(r['lost_error_max'], '{:.2%}'):>10}{_f(r['resumed_error_max_s'], '{:.1f}s'):>11}"
+            f"{_f(r['recovered_error_max_s'], '{:.1f}s'):>12}"
         )
     lines.append(
         f"incidents {board['incidents']} (repeat offender {board['repeat_offender_incidents']}),"
@@ -209,6 +336,22 @@ def render(board: dict) -> str:
         f" = {_f(board['false_per_1000_node_days'], '{:.1f}')} per 1,000 node-days"
         f" {board['false_by_type'] or ''}"
     )
+    for f in board["missed"]:
+        lines.append(
+            f"missed: {f['class']} {f['job']} {f['node']} launch {f['attempt']} at {f['at']:.0f} s"
+            + (f" ({f['factor']:.2f}x for {f['lasted_s']:.0f} s)" if "factor" in f else "")
+        )
+    for i in board["false"]:
+        lines.append(f"false: {i['type']} {i['job']} {i['nodes']} at {i['at']:.0f} s")
+    rel = board["reliability"]
+    if rel:
+        by_cause = ", ".join(f"{c} {t}/{s}" for c, (t, s) in rel["by_cause"].items())
+        lines.append(
+            f"reliability report: failures {rel['failures_true']} injected,"
+            f" {rel['failures_seen']} reported; by cause (injected/reported) {by_cause};"
+            f" MTBF {_f(rel['mtbf_true_s'], '{:.0f}')} s / {_f(rel['mtbf_seen_s'], '{:.0f}')} s;"
+            f" lost {rel['lost_gpu_hours_true']:.1f} / {rel['lost_gpu_hours_seen']:.1f} GPU-hours"
+        )
     lines.append(f"{'job':<12}{'ranks':>6}{'goodput true':>14}{'rebound':>9}{'error pp':>10}")
     for j in board["jobs"]:
         lines.append(

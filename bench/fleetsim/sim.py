@@ -18,9 +18,15 @@ judged.
 Faults (interruptions) arrive at `rate` per 1,000 node-days while a launch trains, by
 the Llama 3 mix (54 days on 16,384 H100, 419 unexpected interruptions) folded into
 what a job shows; see MIX. Stragglers come on top, at `straggler_share` of that rate.
-Noise that must not open incidents: 3% step jitter, data-loader hiccups, long
-checkpoint saves, slow first steps after a (re)start, one rank slow for one window,
-all ranks slowing together for a window or two.
+Noise that must not open incidents: 3% step jitter, data-loader hiccups, GC pauses,
+long checkpoint saves, evaluations every `eval_every` steps announced as pauses
+(`pause_started` .. `pause_ended`, as `Instrument.pause()` sends them), slow first
+steps after a (re)start, one rank slow for one window, all ranks slowing together for
+a window or two.
+
+The truth, kept while generating: every fault (class, job, node, launch, start, end
+of what it caused), each job's ledger by category, and each interruption's figures
+as the contract defines them (lost GPU-seconds, resumed and recovered times).
 """
 
 from __future__ import annotations
@@ -57,6 +63,17 @@ MIX = {
     "dead_node": 6.0,
     "sdc": 1.4,
 }
+# The classes that interrupt a launch (a failure each), and the cause each stands for in
+# Llama 3's table: what a reliability report should count them as.
+CAUSES = {
+    "gpu_xid": "gpu",
+    "crash": "software",
+    "nccl_timeout": "network",
+    "hang": "hang",
+    "dead_node": "host",
+    "sdc": "training_instability",
+}
+INTERRUPTING = tuple(CAUSES)
 # GPU and network faults that show as a silent hang instead (no report; heartbeats go on).
 HANG_SHARE = 0.15
 XIDS = (79, 79, 48, 94, 95, 63, 64, 74, 119)  # fell off the bus, DBE, ECC, row remap, NVLink, GSP
@@ -73,6 +90,8 @@ class FleetConfig:
     window_steps: int = 10
     heartbeat_s: float = 15.0
     checkpoint_every: int = 40  # steps
+    eval_every: int = 480  # steps between evaluations (announced pauses)
+    eval_s: tuple[float, float] = (180.0, 600.0)  # an evaluation's length, uniform
     straggler_share: float = 0.15  # stragglers per interrupting fault
     max_job_nodes: int = 128  # 1,024 ranks
     mix: dict[str, float] | None = None  # the fault classes' weights; default MIX
@@ -91,6 +110,8 @@ class TrueFault:
     ts: float
     until: float  # the end of what it caused: the launch's end, the straggler's end
     detail: dict = field(default_factory=dict)
+    # An interruption's true figures (INTERRUPTING): lost_gpu_s, resumed_at, recovered_at
+    figures: dict | None = None
 
 
 @dataclass
@@ -156,7 +177,10 @@ class _JobSim:
         self.events: list[dict] = []
         self.faults: list[TrueFault] = []
         self.cats = dict.fromkeys(CATEGORIES, 0.0)
-        self.executions: list[tuple[int, float]] = []  # (step, its interval), every launch
+        self.launch_cats: dict[int, dict[str, float]] = {}  # the same, per launch
+        self.stragglers: set[str] = set()  # the nodes that were slow
+        # (launch, step, its interval, its step event's ts), every execution of every launch
+        self.executions: list[tuple[int, int, float, float]] = []
         self.n = 0
         per_s = len(nodes) * cfg.rate / 1000 / 86400
         self.fault_rate_s = per_s
@@ -164,6 +188,12 @@ class _JobSim:
         self.end = T0 + cfg.days * 86400
 
     # --- emitting -------------------------------------------------------------
+
+    def count(self, attempt: int, category: str, seconds: float) -> None:
+        """The truth: `seconds` of the job's time in `category`, in launch `attempt`."""
+        self.cats[category] += seconds
+        cats = self.launch_cats.setdefault(attempt, dict.fromkeys(CATEGORIES, 0.0))
+        cats[category] += seconds
 
     def emit(self, kind, ts, attempt=None, node=None, rank=None, **data):
         self.n += 1
@@ -214,7 +244,7 @@ class _JobSim:
         )
         ready = start + float(rng.uniform(60, 240))
         self.emit("ready", ready, attempt, node=self.nodes[0], rank=0)
-        self.cats["startup"] += ready - start
+        self.count(attempt, "startup", ready - start)
         t = ready
         if restored:
             self.emit(
@@ -224,11 +254,11 @@ class _JobSim:
             self.emit(
                 "checkpoint_loaded", loaded, attempt, node=self.nodes[0], rank=0, step=restored
             )
-            self.cats["checkpoint_restore"] += loaded - t
+            self.count(attempt, "checkpoint_restore", loaded - t)
             t = loaded
         fault_at = t + self.draw(self.fault_rate_s)
         straggler_at = t + self.draw(self.straggler_rate_s)
-        straggler = None  # (node index, factor, until)
+        straggler = None  # (node index, factor, until, its TrueFault)
         step, last_step_ts, saved = restored, t, restored
         blocking_since_step = 0.0
         slow_first = 3
@@ -236,22 +266,18 @@ class _JobSim:
         sdc_countdown = None
         outcome = None
         while True:
-            if straggler is None and t >= straggler_at:
-                idx = int(rng.integers(len(self.nodes)))
+            fresh = [k for k, n in enumerate(self.nodes) if n not in self.stragglers]
+            if straggler is None and t >= straggler_at and fresh:
+                # A node slow again is the same fault, its incident still open: a new node.
+                idx = fresh[int(rng.integers(len(fresh)))]
+                self.stragglers.add(self.nodes[idx])
                 factor = float(rng.uniform(1.2, 4.0))
                 until = t + float(rng.uniform(30, 180)) * 60  # until someone replaces it
-                straggler = (idx, factor, until)
-                self.faults.append(
-                    TrueFault(
-                        "straggler",
-                        self.key,
-                        self.nodes[idx],
-                        attempt,
-                        t,
-                        until,
-                        {"factor": factor},
-                    )
+                slow = TrueFault(
+                    "straggler", self.key, self.nodes[idx], attempt, t, until, {"factor": factor}
                 )
+                self.faults.append(slow)
+                straggler = (idx, factor, until, slow)
             if straggler is not None and t >= straggler[2]:
                 straggler = None
                 straggler_at = t + self.draw(self.straggler_rate_s)
@@ -261,9 +287,13 @@ class _JobSim:
                 slow_first -= 1
             base *= window["all"]
             data_wait = float(rng.uniform(2, 10)) if rng.random() < 1 / 300 else 0.0
+            gc = float(rng.uniform(1, 4)) if rng.random() < 1 / 200 else 0.0  # every rank
+            # An evaluation before the step, announced: its time is in the step's interval.
+            evaluating = step > restored and step % cfg.eval_every == 0
+            pause = float(rng.uniform(*cfg.eval_s)) if evaluating else 0.0
             f = straggler[1] if straggler is not None else 1.0
             g = window["rank_factor"]
-            dt = 0.8 * base * max(f, g) + 0.2 * base + data_wait
+            dt = 0.8 * base * max(f, g) + 0.2 * base + data_wait + gc + pause
             if sdc_countdown is None and t + dt >= fault_at:
                 outcome = self.pick_fault()
                 if outcome != "sdc":
@@ -274,9 +304,12 @@ class _JobSim:
             if t + dt >= self.end:
                 outcome = "completed"
                 break
+            if pause:
+                self.emit("pause_started", t, attempt, node=self.nodes[0], rank=0, reason="eval")
+                self.emit("pause_ended", t + pause, attempt, node=self.nodes[0], rank=0)
             t += dt
             step += 1
-            self.executions.append((step, dt))
+            self.executions.append((attempt, step, dt, t))
             loss = 2.0 * math.exp(-step / 20000) + 0.5 + 0.01 * float(rng.standard_normal())
             if sdc_countdown is not None:
                 loss = loss * float(rng.uniform(3, 8)) if sdc_countdown > 0 else float("nan")
@@ -305,6 +338,10 @@ class _JobSim:
                 t = self.save(attempt, step, t)
                 blocking_since_step = t - last_step_ts
                 saved = step
+        if straggler is not None:  # the launch ended under it: the next one runs without
+            straggler[3].until = min(straggler[3].until, t)
+            if straggler[3].until <= straggler[3].ts:  # ended before it slowed a step
+                self.faults.remove(straggler[3])
         return self.finish(attempt, outcome, t, last_step_ts, step, saved, blocking_since_step)
 
     def pick_fault(self) -> str:
@@ -331,7 +368,7 @@ class _JobSim:
             blocking_s=round(blocking, 6),
             bytes=int(2e9 * self.world / 8),
         )
-        self.cats["checkpoint_save"] += round(blocking, 6)
+        self.count(attempt, "checkpoint_save", round(blocking, 6))
         return t + blocking
 
     def finish(self, attempt, outcome, t, last_step_ts, step, saved, blocking_since_step):
@@ -357,7 +394,7 @@ class _JobSim:
                 exit_code=0,
             )
             self.emit("job_finished", end, attempt, node=self.nodes[0], rank=0)
-            self.cats["other"] += end - last_step_ts - tail_blocking
+            self.count(attempt, "other", end - last_step_ts - tail_blocking)
             self.heartbeats(attempt, self._start_of(attempt), end, silent)
             return end, saved, True
         if outcome == "planned":
@@ -422,10 +459,10 @@ class _JobSim:
             self.emit("attempt_ended", end, attempt, node=self.nodes[0], rank=0, reason=reason,
                       **({} if outcome == "hang" else {"exit_code": 1}))  # fmt: skip
             self.faults.append(TrueFault(outcome, self.key, node, attempt, tf, end, detail))
-        self.cats["stalled"] += end - last_step_ts - tail_blocking
+        self.count(attempt, "stalled", end - last_step_ts - tail_blocking)
         self.heartbeats(attempt, self._start_of(attempt), end, silent)
         nxt = min(end + downtime, self.end)
-        self.cats["downtime"] += nxt - end
+        self.count(attempt, "downtime", nxt - end)
         if replace:
             self.nodes[self.nodes.index(node)] = f"node-{next(self.spares):04d}"
         if nxt >= self.end - 600:
@@ -500,13 +537,34 @@ class _JobSim:
     # --- the truth ----------------------------------------------------------------
 
     def truth(self) -> TrueJob:
-        """Productive: the last execution of each step; every earlier one was wasted."""
+        """Productive: the last execution of each step; every earlier one was wasted. And
+        each interruption's figures (TrueFault.figures)."""
         last: dict[int, int] = {}
-        for i, (step, _) in enumerate(self.executions):
+        for i, (_, step, _, _) in enumerate(self.executions):
             last[step] = i
-        for i, (step, interval) in enumerate(self.executions):
-            self.cats["productive" if last[step] == i else "wasted_progress"] += interval
+        for i, (attempt, step, interval, _) in enumerate(self.executions):
+            self.count(attempt, "productive" if last[step] == i else "wasted_progress", interval)
+        for f in self.faults:
+            if f.cls in INTERRUPTING:
+                f.figures = self._figures(f)
         starts = [e["ts"] for e in self.events if e["kind"] == "attempt_started"]
         ends = [e["ts"] for e in self.events if e["kind"] == "job_finished"]
         elapsed = (ends[-1] if ends else max(e["ts"] for e in self.events)) - starts[0]
         return TrueJob(self.key, self.world, dict(self.cats), elapsed)
+
+    def _figures(self, f: TrueFault) -> dict:
+        """What the interruption of launch `f.attempt` cost, as the contract counts it:
+        its wasted progress, stall and the downtime after it, the next launch's startup
+        and restore (x the world size); training resumed at the first step of a later
+        launch and recovered at the first step past the highest made before the fault."""
+        mine = self.launch_cats[f.attempt]
+        nxt = self.launch_cats.get(f.attempt + 1, dict.fromkeys(CATEGORIES, 0.0))
+        lost = mine["wasted_progress"] + mine["stalled"] + mine["downtime"]
+        lost += nxt["startup"] + nxt["checkpoint_restore"]
+        highest = max((s for _, s, _, ts in self.executions if ts <= f.ts), default=-1)
+        later = [(ts, s) for a, s, _, ts in self.executions if a > f.attempt]
+        return {
+            "lost_gpu_s": lost * self.world,
+            "resumed_at": min((ts for ts, _ in later), default=None),
+            "recovered_at": min((ts for ts, s in later if s > highest), default=None),
+        }

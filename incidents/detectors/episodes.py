@@ -5,8 +5,11 @@ Detection works on the job's own clock and re-derives each episode from all the
 events stored so far, so a trace posted late, twice or shuffled gives the same
 episodes. Faults of a launch are one episode: the earliest fault that is not a
 symptom (an NCCL timeout on other ranks) initiates it; the other faults and the
-launch's end attach to it as signals. A launch that ends failed or killed with
-no fault reported is an episode of its own, until a fault for it arrives.
+launch's end attach to it as signals. An episode that a hang Rebound inferred
+initiates is put down to the fault that explains it, when one comes (a reported
+fault, a dead node, a watchdog's timeout: Episode.explaining). A launch that ends
+failed or killed with no fault reported is an episode of its own, until a fault for
+it arrives.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from jobs.models import Event, TrainingJob
 LAUNCH_FAULT = "launch_fault"  # the detector's name on its incidents
 SYMPTOM_TYPES = frozenset({"nccl_timeout"})
 FAILED_ENDS = frozenset({"failed", "killed"})
+INFERRED = "inferred:"  # the client id's prefix of the faults detectors inferred
 
 C = Incident.Cause
 S = Incident.Severity
@@ -57,6 +61,26 @@ class Episode:
         faults = sorted((s for s in self.signals if s.kind == "fault"), key=lambda s: s.ts)
         causes = [s for s in faults if s.data.get("type") not in SYMPTOM_TYPES]
         return (causes or faults or [None])[0]
+
+    @property
+    def explaining(self) -> Signal | None:
+        """The fault that says what went wrong: the initiating one, unless that is a
+        hang Rebound inferred (no progress says nothing of why). Then a fault the job
+        reported (an Xid, a crash), else a node found dead (its host), else a
+        symptom reported (a watchdog's NCCL timeout: the network) explains it."""
+        first = self.initiating
+        if first is None or not _is_inferred_hang(first):
+            return first
+        faults = sorted((s for s in self.signals if s.kind == "fault"), key=lambda s: s.ts)
+        reported = [s for s in faults if not s.client_id.startswith(INFERRED)]
+        for candidates in (
+            [s for s in reported if s.data.get("type") not in SYMPTOM_TYPES],
+            [s for s in faults if _is_dead_node(s)],
+            reported,
+        ):
+            if candidates:
+                return candidates[0]
+        return first
 
     @property
     def failed_end(self) -> Signal | None:
@@ -141,7 +165,7 @@ def findings(*, job: TrainingJob, cfg: dict, watch: Watch | None) -> list[Findin
 
 
 def _episode_fields(episode: Episode) -> dict:
-    first = episode.initiating
+    first = episode.explaining
     if first is not None:
         fault_type = first.data.get("type", "other")
         xid = first.data.get("xid")
@@ -191,6 +215,10 @@ def _episode_fields(episode: Episode) -> dict:
     }
 
 
+def _is_inferred_hang(s: Signal) -> bool:
+    return s.client_id.startswith(INFERRED) and s.data.get("type") == "hang"
+
+
 def _is_dead_node(s: Signal) -> bool:
     return s.kind == "fault" and s.data.get("type") == "dead_node" and bool(s.node)
 
@@ -217,6 +245,10 @@ def _attribution(episode: Episode, first: Signal) -> str:
     where = f" ({signal_where(first)})" if signal_where(first) else ""
     at = dt(first.ts).strftime("%H:%M:%S.%f")[:-3]
     what = f"{first.data.get('type')}{where} at {at} UTC"
+    hang = episode.initiating
+    if hang is not None and hang is not first:
+        since = dt(hang.ts).strftime("%H:%M:%S")
+        return f"{what} explains the hang of launch {episode.attempt} (no progress since {since})"
     if first.data.get("type") in SYMPTOM_TYPES:
         return f"{what} is the first fault of launch {episode.attempt}; only symptoms so far"
     return f"{what} is the first fault of launch {episode.attempt} that is not a symptom"

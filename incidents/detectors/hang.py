@@ -69,10 +69,11 @@ def _trained(state: EngineState, launch: Launch) -> bool:
 
 def _timeouts(idx, learned_before, smoothed, begins, ends, launch, cfg):
     baseline = np.maximum(learned_before, smoothed)
+    learned = np.maximum(cfg["hang.floor_s"], cfg["hang.factor"] * baseline)
+    # A launch's first steps compile and warm caches: minutes, whatever earlier launches
+    # learned (and a slow node makes them slower still).
     timeouts = np.where(
-        (baseline > 0) | (idx >= cfg["hang.skip_steps"]),
-        np.maximum(cfg["hang.floor_s"], cfg["hang.factor"] * baseline),
-        max(cfg["hang.floor_s"], cfg["hang.warmup_timeout_s"]),  # compiling takes minutes
+        idx < cfg["hang.skip_steps"], np.maximum(learned, cfg["hang.warmup_timeout_s"]), learned
     )
     # A save started inside the interval: allow for it.
     return timeouts + np.where(_saving(begins, ends, launch), cfg["hang.save_allowance_s"], 0.0)
