@@ -12,11 +12,13 @@ last 5 windows) and an open straggler incident naming that node. A rerun reuses 
 complete seed; --reseed writes it anew.
 
 Then, through Django's test Client signed in as an operator, with DEBUG off: the first
-request of each (cold: the cache cleared, as after an ingest, when the job's per-revision
-entries are read anew) and --n timed requests after --warmup; prints p50, p95 and max in ms and
-PASS/FAIL against p95 < 300 ms. It checks the slow node is a row of the job page's
-heatmap, that the ranks API's first page starts with its ranks, and that the overview
-rings it. Exit status 0 when all pass.
+request of each (cold: the cache cleared), --n timed requests after --warmup, and --n
+"live" requests each after an ingest's revision bump (a running job of this size ingests
+several times a second: its heat map and rank scores are served while recent and
+refreshed by the worker, jobs.services.page_cache); prints p50, p95 and max in ms, the
+live p95, and PASS/FAIL against p95 < 300 ms (both). It checks the slow node is a row
+of the job page's heatmap, that the ranks API's first page starts with its ranks, and
+that the overview rings it. Exit status 0 when all pass.
 """
 
 import argparse
@@ -172,7 +174,10 @@ def pct(values: list[float], q: float) -> float:
 
 
 def timed(client, url: str, *, n: int, warmup: int):
-    """(first response, its ms, the n timed ms) for `url`."""
+    """(first response, its ms, the n timed ms, the n ms each after an ingest) for `url`."""
+    from django.db.models import F
+
+    from jobs.models import TrainingJob
 
     def get():
         t = time.perf_counter()
@@ -182,13 +187,19 @@ def timed(client, url: str, *, n: int, warmup: int):
     first, first_ms = get()
     for _ in range(max(0, warmup - 1)):
         get()
-    times = []
+    times, live = [], []
     for _ in range(n):
         response, ms = get()
         if response.status_code != 200:
             break
         times.append(ms)
-    return first, first_ms, times
+    for _ in range(n):
+        TrainingJob.objects.filter(key=JOB).update(revision=F("revision") + 1)  # as ingest
+        response, ms = get()
+        if response.status_code != 200:
+            break
+        live.append(ms)
+    return first, first_ms, times, live
 
 
 def heatmap_rows(html: str) -> list[str]:
@@ -217,7 +228,7 @@ def main() -> int:
 
     print(f"database {url.rsplit('/', 1)[-1]}: ", end="", flush=True)
     print(seed() if args.reseed or not seeded() else "seed reused")
-    cache.clear()  # the first requests cold, as after an ingest
+    cache.clear()  # the first requests cold
 
     settings.DEBUG = False
     if "testserver" not in settings.ALLOWED_HOSTS:
@@ -237,18 +248,20 @@ def main() -> int:
     ]
     print(f"{NODES:,} nodes x {RANKS_PER_NODE} ranks, {WINDOWS} windows; {args.n} timed requests")
     print(
-        f"{'page':<24} {'first ms':>9} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'bytes':>9}"
-        "  verdict"
+        f"{'page':<24} {'first ms':>9} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}"
+        f" {'live p95':>9} {'bytes':>9}  verdict"
     )
     ok_all = True
     for label, path in pages:
-        first, first_ms, times = timed(client, path, n=args.n, warmup=args.warmup)
-        ok = first.status_code == 200 and len(times) == args.n and pct(times, 0.95) < TARGET_P95_MS
+        first, first_ms, times, live = timed(client, path, n=args.n, warmup=args.warmup)
+        ok = first.status_code == 200 and len(times) == len(live) == args.n
+        ok = ok and max(pct(times, 0.95), pct(live, 0.95)) < TARGET_P95_MS
         ok_all &= ok
         figures = (
             f"{pct(times, 0.5):>8.1f} {pct(times, 0.95):>8.1f} {max(times):>8.1f}"
+            f" {pct(live, 0.95) if live else float('nan'):>9.1f}"
             if times
-            else f"{'':>8} {'':>8} {'':>8}"
+            else f"{'':>8} {'':>8} {'':>8} {'':>9}"
         )
         status = "" if first.status_code == 200 else f" ({first.status_code})"
         print(

@@ -30,7 +30,7 @@ from incidents.models import DetectorState, Incident, SweepState, TimelineEntry
 from incidents.settings import detector_settings
 from jobs.accounting import compute_ledger, load_lifecycle, load_steps
 from jobs.models import Cluster, Node, TrainingJob
-from jobs.services import job_revision_cached, node_mark_suspect
+from jobs.services import job_recent_cached, node_mark_suspect, recent_read
 
 logger = logging.getLogger(__name__)
 
@@ -523,6 +523,9 @@ def timeline_entry_add(
 
 
 def job_rank_scores_ensure(*, job: TrainingJob) -> dict:
-    """incidents.selectors.job_rank_scores, cached until the job's next ingest: the
-    ranks API pages it per request, and 16,384 ranks are worth scoring once."""
-    return job_revision_cached(job, "rank-scores", lambda: selectors.job_rank_scores(job=job))
+    """incidents.selectors.job_rank_scores, recent-cached (jobs.services.job_recent_cached):
+    the ranks API pages it per request, and 16,384 ranks are worth scoring once."""
+    return job_recent_cached(job, "rank-scores")
+
+
+recent_read("rank-scores")(selectors.job_rank_scores)

@@ -11,6 +11,7 @@ from common.outbox import outbox_claim
 from jobs import services
 from jobs.models import TrainingJob
 from jobs.services.follow_up import EVENTS_STORED_TASK, LEDGER_REFRESH_TASK
+from jobs.services.page_cache import REFRESH_TASK, refresh_key
 
 
 @shared_task(name=EVENTS_STORED_TASK, time_limit=60, ignore_result=True)
@@ -26,3 +27,12 @@ def ledger_snapshot_refresh(job_id: int) -> None:
     job = TrainingJob.objects.filter(pk=job_id).first()
     if job is not None:
         services.ledger_snapshot_refresh(job=job)
+
+
+@shared_task(name=REFRESH_TASK, time_limit=120, ignore_result=True)
+def page_cache_refresh(job_id: int, name: str, params: dict) -> None:
+    """Compute a recent-cached read of a job anew (jobs.services.page_cache)."""
+    outbox_claim(task=REFRESH_TASK, key=refresh_key(job_id, name, params))
+    job = TrainingJob.objects.filter(pk=job_id).first()
+    if job is not None:
+        services.job_recent_refresh(job, name, params)

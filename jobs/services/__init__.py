@@ -33,8 +33,11 @@ from jobs.services.nodes import (
 )
 from jobs.services.page_cache import (
     checkpoint_groups_ensure,
+    job_recent_cached,
+    job_recent_refresh,
     job_revision_cached,
     rank_heatmap_ensure,
+    recent_read,
     step_buckets_ensure,
 )
 
@@ -49,6 +52,8 @@ __all__ = [
     "events_follow_up",
     "events_ingest",
     "job_goodput",
+    "job_recent_cached",
+    "job_recent_refresh",
     "job_reopen",
     "job_revision_cached",
     "launch_reserve",
@@ -58,5 +63,6 @@ __all__ = [
     "node_mark_suspect",
     "node_set_state",
     "rank_heatmap_ensure",
+    "recent_read",
     "step_buckets_ensure",
 ]

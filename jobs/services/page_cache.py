@@ -1,16 +1,81 @@
 """The job page's reads kept for the next reader, in the cache: the step buckets
-(brought up to date with the rows stored since, see jobs.selectors.steps) and, per job
-revision, the checkpoint groups and the rank heat map. The cache only saves work: a
-miss reads again."""
+(brought up to date with the rows stored since, see jobs.selectors.steps), per job
+revision the checkpoint groups, and while recent the rank heat map. The cache only
+saves work: a miss reads again."""
+
+import time
+from collections.abc import Callable
+from typing import Any
 
 from django.core.cache import cache
 
+from common.outbox import Work, outbox_enqueue
 from jobs import selectors
 from jobs.models import TrainingJob
 
 # How long an entry is kept: a week (per-revision entries are never read again after
 # the job's next ingest, and expire).
 CACHE_S = 7 * 24 * 3600
+
+# The reads of a running job's rank windows (the heat map, the ranks' scores: 16,384
+# ranks x 20 windows take a second or two) change with every ingest, and a large job
+# ingests several times a second: per revision, every read would compute them anew.
+# An entry of the job's revision, or at most RECENT_S old, is served as is; one at most
+# STALE_S old is served and the worker computes it anew (once at a time); past that,
+# or missing, the request computes it.
+RECENT_S = 10
+STALE_S = 120
+REFRESH_TASK = "jobs.page_cache_refresh"
+_REFRESH_LOCK_S = 60  # one refresh asked for at a time (the outbox brings a lost one back)
+_RECENT_READS: dict[str, Callable[..., Any]] = {}  # name -> read(job=, **params)
+
+
+def recent_read(name: str):
+    """Register `read(*, job, **params)` as the recent-cached read `name` (the apps to
+    the right register theirs, such as the ranks' scores)."""
+
+    def register(read):
+        _RECENT_READS[name] = read
+        return read
+
+    return register
+
+
+def job_recent_cached(job: TrainingJob, name: str, **params) -> Any:
+    """The recent-cached read `name` of `job` with `params` (JSON values), as above."""
+    key = _recent_key(job, name, params)
+    entry = cache.get(key)
+    if entry is not None:
+        age = time.time() - entry["at"]
+        if entry["revision"] == job.revision or age < RECENT_S:
+            return entry["value"]
+        if age < STALE_S:
+            if cache.add(f"{key}:refreshing", 1, _REFRESH_LOCK_S):
+                work = Work(REFRESH_TASK, refresh_key(job.pk, name, params), [job.pk, name, params])
+                outbox_enqueue([work])
+            return entry["value"]
+    return job_recent_refresh(job, name, params)
+
+
+def job_recent_refresh(job: TrainingJob, name: str, params: dict) -> Any:
+    """Compute the recent-cached read `name` anew and keep it."""
+    revision = job.revision  # read before the rows: a newer ingest makes it stale again
+    value = _RECENT_READS[name](job=job, **params)
+    key = _recent_key(job, name, params)
+    cache.set(key, {"revision": revision, "at": time.time(), "value": value}, CACHE_S)
+    cache.delete(f"{key}:refreshing")
+    return value
+
+
+def refresh_key(job_id: int, name: str, params: dict) -> str:
+    """The outbox's key of a refresh: the job, the read and its parameters."""
+    args = "-".join(f"{k}={params[k]}" for k in sorted(params))
+    return f"{job_id}:{name}:{args}"
+
+
+def _recent_key(job: TrainingJob, name: str, params: dict) -> str:
+    at = f"{job.created_at.timestamp():.6f}"  # a job deleted and made anew starts afresh
+    return f"jobs:recent:{refresh_key(job.pk, name, params)}:{at}"
 
 
 def step_buckets_ensure(*, job: TrainingJob) -> selectors.StepBuckets:
@@ -40,19 +105,19 @@ def rank_heatmap_ensure(
     max_cells: int = 20_000,
     max_rows: int = 256,
 ) -> dict:
-    """jobs.selectors.job_rank_heatmap, cached until the job's next ingest."""
-    return job_revision_cached(
+    """jobs.selectors.job_rank_heatmap, recent-cached (job_recent_cached)."""
+    return job_recent_cached(
         job,
-        f"rank-heatmap-{attempt}-{world_size}-{max_windows}-{max_cells}-{max_rows}",
-        lambda: selectors.job_rank_heatmap(
-            job=job,
-            attempt=attempt,
-            world_size=world_size,
-            max_windows=max_windows,
-            max_cells=max_cells,
-            max_rows=max_rows,
-        ),
+        "rank-heatmap",
+        attempt=attempt,
+        world_size=world_size,
+        max_windows=max_windows,
+        max_cells=max_cells,
+        max_rows=max_rows,
     )
+
+
+recent_read("rank-heatmap")(selectors.job_rank_heatmap)
 
 
 def job_revision_cached(job: TrainingJob, name: str, read):

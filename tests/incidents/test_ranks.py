@@ -167,11 +167,32 @@ def test_a_malformed_parameter_is_a_400_naming_it(ingest, personas, name, value)
     assert name in r.json()["detail"]
 
 
-def test_the_scores_are_read_once_per_revision(ingest, personas, django_assert_num_queries):
+def test_the_scores_are_kept_while_recent_then_scored_anew(
+    ingest, personas, django_assert_num_queries, django_capture_on_commit_callbacks, monkeypatch
+):
+    """A large job ingests several times a second: its scores are computed at most every
+    RECENT_S, by the worker while the cached ones are under STALE_S old."""
+    from jobs.services import page_cache
+
     sixteen_ranks(ingest)
-    ranks(personas, limit=1)
+    before = numbers(ranks(personas, limit=1))
     with django_assert_num_queries(3):  # the token, its role, the job; the scores cached
         assert numbers(ranks(personas, limit=1, offset=1)) == [6]
     events = [window(21, r, 1.20 if r == 1 else 0.80) for r in range(16)]
-    assert ingest(events).status_code == 202  # a new revision: scored anew
-    assert numbers(ranks(personas, limit=1)) == [1]
+    assert ingest(events).status_code == 202  # a new revision, but the scores are recent
+    with django_assert_num_queries(3):
+        assert numbers(ranks(personas, limit=1)) == before
+    clock = page_cache.time.time()
+    monkeypatch.setattr(page_cache.time, "time", lambda: clock + page_cache.RECENT_S + 1)
+    # Older than RECENT_S: served once more, and the refresh is asked for (through the
+    # outbox; run inline here once committed), so the next read has the new scores.
+    with django_capture_on_commit_callbacks(execute=True) as sent:
+        assert numbers(ranks(personas, limit=1)) == before
+    assert len(sent) == 1
+    with django_capture_on_commit_callbacks(execute=True) as sent:
+        assert numbers(ranks(personas, limit=1)) == [1]
+    assert not sent  # fresh: nothing more asked for
+    # Past STALE_S behind an ingest (no worker refreshed them), the request scores them.
+    assert ingest([window(22, r, 1.20 if r == 2 else 0.80) for r in range(16)]).status_code == 202
+    monkeypatch.setattr(page_cache.time, "time", lambda: clock + 2 * page_cache.STALE_S)
+    assert numbers(ranks(personas, limit=1)) == [2]
