@@ -187,13 +187,13 @@ def job_rank_scores(*, job) -> dict:
     """The latest complete window of the job's current launch, scored per rank: each
     rank a tuple of RANK_FIELDS in rank order (quick to cache and read back), `slowest`
     their indexes slowest first (the lower score, then by rank), and `slow_count`.
-    The API pages it (`rank_scores_page`, cached per job revision by
+    The API pages it (`rank_scores_page`, recent-cached by
     incidents.services.job_rank_scores_ensure).
 
     `peer_score` and `self_score` (own) as incidents.detectors.ranks scores them
-    (the straggler detector's rule): the window's median compute time / this
-    rank's, and this rank's best in the launch / this one's relative to the
-    median rank's (so a uniform slowdown scores 1). Four queries, reading
+    (the straggler detector's rule): the lower quartile of the window's compute
+    times / this rank's, and this rank's best in the launch / this one's relative
+    to the upper quartile's (so a uniform slowdown scores 1). Four queries, reading
     O(ranks x windows of the launch), not the job.
     """
     attempt = job_latest_attempt(job, started=True)

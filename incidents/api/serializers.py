@@ -136,9 +136,9 @@ class RankScoreSerializer(serializers.Serializer):
     compute_s = serializers.FloatField()
     step_s = serializers.FloatField()
     comm_wait_s = serializers.FloatField(allow_null=True)
-    peer_score = serializers.FloatField(help_text="median compute of all ranks / this rank's")
+    peer_score = serializers.FloatField(help_text="the ranks' lower-quartile compute / this rank's")
     self_score = serializers.FloatField(
-        help_text="this rank's best / current compute, relative to the median rank's"
+        help_text="this rank's best / current compute, relative to the upper quartile's"
     )
     slow = serializers.BooleanField(help_text="either score below 0.75")
 

@@ -74,6 +74,18 @@ def test_a_node_slow_for_three_windows_is_a_straggler(ingest):
     assert incident.lost_gpu_seconds == pytest.approx(6 * 10 * 0.4 * 8)
 
 
+@pytest.mark.parametrize("from_window", [0, 4])
+def test_one_node_of_two_slow_is_a_straggler(ingest, from_window):
+    """Half the ranks slow: their median is no reference (it sits between the two
+    nodes); a quarter of them, as fast or faster, is. Slow from the launch's start or
+    from its fifth window alike."""
+    two = ["n0", "n1"]
+    slow = lambda w, r: 1.3 if (r in (2, 3) and w >= from_window) else 0.8  # noqa: E731
+    [incident] = stragglers(ingest, [start(nodes=two)] + windows(10, slow, nodes=two))
+    assert [n.name for n in incident.nodes.all()] == ["n1"]
+    assert incident.ranks == [2, 3]
+
+
 def test_two_slow_windows_or_a_blip_are_not(ingest):
     blip = lambda w, r: 1.2 if (r in (6, 7) and w in (3, 4, 7)) else 0.8  # noqa: E731
     assert stragglers(ingest, [start()] + windows(10, blip)) == []
