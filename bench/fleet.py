@@ -48,7 +48,7 @@ def main():
     # The ingest's follow-up stays in the outbox: the driver runs the passes itself.
     app.conf.broker_url = "memory://"
     from fleetsim.drive import replay
-    from fleetsim.score import goodput_seen, incidents_seen, reliability_seen, render, scoreboard
+    from fleetsim.score import incidents_seen, ledger_seen, reliability_seen, render, scoreboard
     from fleetsim.sim import FleetConfig, simulate
 
     from jobs.models import Cluster, TrainingJob
@@ -71,7 +71,7 @@ def main():
             fleet.events, cluster_name=cluster, tick_s=args.tick, pass_every_s=args.pass_every
         )
         board = scoreboard(
-            fleet, incidents_seen(keys), goodput_seen(keys), reliability_seen(cluster, cfg.days)
+            fleet, incidents_seen(keys), ledger_seen(keys), reliability_seen(cluster, cfg.days)
         )
     finally:
         if not args.keep:

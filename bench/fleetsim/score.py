@@ -20,8 +20,9 @@ Planned stops (host maintenance) are injected but expected to open nothing: thei
 recall is not counted and an incident on one is a false incident. Repeat-offender
 and crash-loop incidents judge nodes or launches across faults, not one fault:
 counted apart.
-Per job: goodput (productive / elapsed) from Rebound's ledger and from the truth,
-and the absolute error in percentage points.
+Per job: goodput (productive / elapsed) and lost GPU-hours (every GPU-second not
+productive) from Rebound's ledger and from the truth: the absolute error of goodput
+in percentage points, the relative error of the loss.
 Per interruption found (sim.INTERRUPTING): the incident's lost GPU-hours, resumed
 and recovered times against the truth (sim.TrueFault.figures), from the matching
 incident that carries the launch's cost; per class the worst relative error of the
@@ -109,8 +110,9 @@ def incidents_seen(job_keys: list[str]) -> list[SeenIncident]:
     ]
 
 
-def goodput_seen(job_keys: list[str]) -> dict[str, float | None]:
-    """Each job's goodput as Rebound's ledger computes it."""
+def ledger_seen(job_keys: list[str]) -> dict[str, dict]:
+    """Each job's goodput and lost GPU-hours (every GPU-second not productive) as
+    Rebound's ledger computes them."""
     from jobs.accounting import compute_ledger, load_lifecycle, load_steps
     from jobs.models import TrainingJob
 
@@ -119,7 +121,8 @@ def goodput_seen(job_keys: list[str]) -> dict[str, float | None]:
         ledger = compute_ledger(
             job.key, load_lifecycle(job.id), load_steps(job.id), last_event_ts=job.last_event_ts
         )
-        out[job.key] = ledger.goodput
+        lost = sum(v for k, v in ledger.gpu_seconds.items() if k != "productive")
+        out[job.key] = {"goodput": ledger.goodput, "lost_gpu_hours": lost / 3600}
     return out
 
 
@@ -138,7 +141,7 @@ def _pct(values: list[float], q: float) -> float | None:
 def scoreboard(
     fleet: Fleet,
     incidents: list[SeenIncident],
-    goodput: dict[str, float | None],
+    ledgers: dict[str, dict],
     report: dict | None = None,
 ) -> dict:
     faults = fleet.faults
@@ -200,14 +203,23 @@ def scoreboard(
         false_by_type[i.fault_type] = false_by_type.get(i.fault_type, 0) + 1
     jobs = []
     for j in fleet.jobs:
-        seen = goodput.get(j.key)
+        seen = ledgers.get(j.key) or {"goodput": None, "lost_gpu_hours": None}
+        lost_true = (j.elapsed_s - j.categories["productive"]) * j.world_size / 3600
+        lost = seen["lost_gpu_hours"]
         jobs.append(
             {
                 "job": j.key,
                 "ranks": j.world_size,
                 "goodput_true": j.goodput,
-                "goodput_seen": seen,
-                "error_pp": None if seen is None else abs(seen - j.goodput) * 100,
+                "goodput_seen": seen["goodput"],
+                "error_pp": None
+                if seen["goodput"] is None
+                else abs(seen["goodput"] - j.goodput) * 100,
+                "lost_gpu_hours_true": lost_true,
+                "lost_gpu_hours_seen": lost,
+                "lost_error": None
+                if lost is None or not lost_true
+                else abs(lost - lost_true) / lost_true,
             }
         )
     return {
@@ -224,9 +236,11 @@ def scoreboard(
         "repeat_offender_incidents": len(incidents) - len(per_fault),
         "false_incidents": len(false),
         "false_per_1000_node_days": len(false) / node_days * 1000 if node_days else None,
+        "false_per_day": len(false) / fleet.config.days if fleet.config.days else None,
         "false_by_type": false_by_type,
         "jobs": jobs,
         "goodput_error_pp_max": max((j["error_pp"] or 0.0) for j in jobs) if jobs else None,
+        "lost_error_max": max((j["lost_error"] or 0.0) for j in jobs) if jobs else None,
         "missed": [
             {
                 "class": f.cls,
@@ -334,6 +348,7 @@ def render(board: dict) -> str:
         f"incidents {board['incidents']} (repeat offender {board['repeat_offender_incidents']}),"
         f" false {board['false_incidents']}"
         f" = {_f(board['false_per_1000_node_days'], '{:.1f}')} per 1,000 node-days"
+        f" ({_f(board['false_per_day'], '{:.2f}')} a day)"
         f" {board['false_by_type'] or ''}"
     )
     for f in board["missed"]:
@@ -352,10 +367,16 @@ def render(board: dict) -> str:
             f" MTBF {_f(rel['mtbf_true_s'], '{:.0f}')} s / {_f(rel['mtbf_seen_s'], '{:.0f}')} s;"
             f" lost {rel['lost_gpu_hours_true']:.1f} / {rel['lost_gpu_hours_seen']:.1f} GPU-hours"
         )
-    lines.append(f"{'job':<12}{'ranks':>6}{'goodput true':>14}{'rebound':>9}{'error pp':>10}")
+    lines.append(
+        f"{'job':<12}{'ranks':>6}{'goodput true':>14}{'rebound':>9}{'error pp':>10}"
+        f"{'lost GPU-h true':>17}{'rebound':>10}{'error':>8}"
+    )
     for j in board["jobs"]:
         lines.append(
             f"{j['job']:<12}{j['ranks']:>6}{_f(j['goodput_true'], '{:.4f}'):>14}"
             f"{_f(j['goodput_seen'], '{:.4f}'):>9}{_f(j['error_pp'], '{:.3f}'):>10}"
+            f"{_f(j['lost_gpu_hours_true'], '{:.1f}'):>17}"
+            f"{_f(j['lost_gpu_hours_seen'], '{:.1f}'):>10}"
+            f"{_f(j['lost_error'], '{:.2%}'):>8}"
         )
     return "\n".join(lines)

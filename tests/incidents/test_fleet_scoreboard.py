@@ -29,7 +29,7 @@ from django.db import connection
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from fleetsim.drive import replay
-from fleetsim.score import goodput_seen, incidents_seen, reliability_seen, render, scoreboard
+from fleetsim.score import incidents_seen, ledger_seen, reliability_seen, render, scoreboard
 from fleetsim.sim import FleetConfig, simulate
 
 pytestmark = pytest.mark.django_db
@@ -68,7 +68,7 @@ def run(config: FleetConfig) -> tuple[dict, str, list[dict]]:
     replay(fleet.events, cluster_name="fleet", tick_s=300, pass_every_s=600)
     keys = [j.key for j in fleet.jobs]
     board = scoreboard(
-        fleet, incidents_seen(keys), goodput_seen(keys), reliability_seen("fleet", config.days)
+        fleet, incidents_seen(keys), ledger_seen(keys), reliability_seen("fleet", config.days)
     )
     return board, render(board), fleet.events
 
@@ -95,6 +95,7 @@ def test_scoreboard_floors():
     assert classes["nccl_timeout"]["ttd_p95_s"] <= 600, shown  # before the watchdog
     assert classes["straggler_1.5x"]["ttd_p95_s"] <= 3000, shown
     assert board["goodput_error_pp_max"] <= 0.01, shown
+    assert board["lost_error_max"] <= 1e-6, shown
     rel = board["reliability"]
     assert rel["failures_seen"] == rel["failures_true"], shown
     assert rel["lost_gpu_hours_seen"] == pytest.approx(rel["lost_gpu_hours_true"], rel=1e-6)
@@ -116,3 +117,4 @@ def test_noise_alone_opens_no_incident():
     assert long_saves, shown
     assert board["incidents"] == 0, shown
     assert board["goodput_error_pp_max"] <= 0.01, shown
+    assert board["lost_error_max"] <= 1e-6, shown
