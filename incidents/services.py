@@ -60,6 +60,8 @@ def incidents_detect(
             for i in Incident.objects.filter(job=job).prefetch_related("nodes")
         }
         for finding in findings:
+            if not _to_apply(finding, existing, inferred):
+                continue  # unchanged: not even a savepoint
             try:
                 # One finding that cannot be stored (a value beyond a column) spoils no other.
                 with transaction.atomic():
@@ -76,6 +78,14 @@ def incidents_detect(
         repeat = incidents_detect_repeat_offenders(job=job, nodes=named, cfg=cfg)
         changed += [(i, "") for i in repeat]
     return [i for i, _ in changed]
+
+
+def _to_apply(finding, existing, inferred) -> bool:
+    """Whether the finding opens an incident or changes one (what _apply_finding does)."""
+    incident = existing.get((finding.detector, finding.episode))
+    if incident is None:
+        return True
+    return inferred and any(getattr(incident, k) != v for k, v in finding.fields.items())
 
 
 def _apply_finding(job, finding, existing, inferred) -> tuple[Incident, str] | None:

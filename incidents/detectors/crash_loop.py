@@ -11,7 +11,7 @@ from common.time import dt
 from incidents.detectors.base import Finding, Signal
 from incidents.models import Incident
 from jobs.models import Event, TrainingJob
-from jobs.selectors import checkpoints_durable_latest_first
+from jobs.selectors import checkpoints_durable_latest_by_launch
 
 CRASH_LOOP = "crash_loop"  # the detector's name on its incidents
 
@@ -61,12 +61,9 @@ def launch_records(job: TrainingJob) -> list[LaunchRecord]:
             r.end, r.reason = sig.ts, sig.data.get("reason", "")
         elif sig.kind == "checkpoint_loaded":
             r.restored = sig.data["step"]
-    for r in records.values():  # the launch's newest durable checkpoint: an index lookup
-        r.best_saved = (
-            checkpoints_durable_latest_first(job, attempt=r.number)
-            .values_list("step", flat=True)
-            .first()
-        )
+    saved = checkpoints_durable_latest_by_launch(job)
+    for r in records.values():
+        r.best_saved = saved.get(r.number)
     return sorted(records.values(), key=lambda r: (r.start, r.number))
 
 

@@ -45,6 +45,8 @@ def advance(job, state: EngineState, launches, finished, steps, cfg) -> list[Sig
             if rows is not None or s.closed.stop != stop:
                 raise Rebuild  # its steps or its end moved after it was closed
             hang, learned = s.closed.hang, s.closed.learned
+            if hang is not None and hang.culprit is None:  # a state kept before culprits were
+                hang.culprit = _culprit(job, launch.number, _detected(launch, hang, cfg))
         else:
             if rows is not None:
                 o = rows[np.lexsort((seq[rows], ts[rows]))]
@@ -53,8 +55,11 @@ def advance(job, state: EngineState, launches, finished, steps, cfg) -> list[Sig
                 ls.started = True
                 _chunk(s, launch, ts[o], number[o], cfg)
             hang, learned = _tail(s, launch, stop, cfg)
-            # Once a later launch trains, this one's end is settled: keep its verdict.
+            # Once a later launch trains, this one's end is settled: keep its verdict,
+            # and the node it names (read once: that node's heartbeats may come back).
             if any(x.number in new or _trained(state, x) for x in launches[k + 1 :]):
+                if hang is not None:
+                    hang.culprit = _culprit(job, launch.number, _detected(launch, hang, cfg))
                 s.closed = Verdict(stop, hang, learned)
         if hang is not None:
             found.append(_signal(job, launch, hang, cfg))
@@ -156,22 +161,28 @@ def _tail(s: StepsState, launch: Launch, stop: float | None, cfg) -> tuple[Hang 
     return None, max(s.learned, gap if learns else 0.0)
 
 
-def _signal(job, launch: Launch, hang: Hang, cfg) -> Signal:
-    attempt = launch.number
-    # The timeout ran out once the gap, less its paused time, exceeded it: each pause
-    # inside it pushes the moment on.
+def _detected(launch: Launch, hang: Hang, cfg) -> float:
+    """When the timeout ran out: once the gap, less its paused time, exceeded it (each
+    pause inside it pushes the moment on)."""
     detected = hang.begin + hang.timeout
     for _ in launch.pauses:
         paused = float(_paused(np.array([hang.begin]), np.array([detected]), launch, cfg)[0])
         if hang.begin + hang.timeout + paused == detected:
             break
         detected = hang.begin + hang.timeout + paused
+    return detected
+
+
+def _signal(job, launch: Launch, hang: Hang, cfg) -> Signal:
+    attempt = launch.number
+    detected = _detected(launch, hang, cfg)
+    culprit = hang.culprit if hang.culprit is not None else _culprit(job, attempt, detected)
     return Signal(
         client_id=f"inferred:hang:{attempt}:{hang.step}",
         kind="fault",
         ts=hang.begin,
         attempt=attempt,
-        node=_culprit(job, attempt, detected) or "",
+        node=culprit or "",
         rank=None,
         data={
             "type": "hang",
@@ -183,9 +194,9 @@ def _signal(job, launch: Launch, hang: Hang, cfg) -> Signal:
     )
 
 
-def _culprit(job, attempt: int, detected_ts: float) -> str | None:
+def _culprit(job, attempt: int, detected_ts: float) -> str:
     """The one node of the launch that fell silent before the hang was detected
-    while the others kept sending heartbeats, if there is exactly one."""
+    while the others kept sending heartbeats, if there is exactly one ("" if not)."""
     nodes = list(
         Node.objects.filter(attempts__job=job, attempts__number=attempt)
         .exclude(last_heartbeat_at=None)
@@ -208,4 +219,4 @@ def _culprit(job, attempt: int, detected_ts: float) -> str | None:
         silent = [name for name in silent if name not in heard]
     if len(silent) == 1 and len(nodes) > 1:
         return silent[0]
-    return None
+    return ""

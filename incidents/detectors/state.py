@@ -29,13 +29,18 @@ class Hang:
     step: int  # that step
     timeout: float
     gap: float  # how long no step came
+    # The node named for it ("" for none), settled once its launch is: None until then
+    culprit: str | None = None
 
     def to_dict(self) -> dict:
-        return {"begin": self.begin, "step": self.step, "timeout": self.timeout, "gap": self.gap}
+        d = {"begin": self.begin, "step": self.step, "timeout": self.timeout, "gap": self.gap}
+        return d if self.culprit is None else d | {"culprit": self.culprit}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> Hang | None:
-        return None if d is None else cls(d["begin"], d["step"], d["timeout"], d["gap"])
+        if d is None:
+            return None
+        return cls(d["begin"], d["step"], d["timeout"], d["gap"], d.get("culprit"))
 
 
 @dataclass

@@ -25,6 +25,7 @@ from jobs.selectors.charts import job_checkpoint_groups, job_rank_heatmap
 from jobs.selectors.launches import (
     attach_summaries,
     attempts_latest_first,
+    checkpoints_durable_latest_by_launch,
     checkpoints_durable_latest_first,
     job_attempts,
     job_checkpoints,
@@ -63,6 +64,7 @@ __all__ = [
     "StepBuckets",
     "attach_summaries",
     "attempts_latest_first",
+    "checkpoints_durable_latest_by_launch",
     "checkpoints_durable_latest_first",
     "group_rows",
     "job_activity",

@@ -48,6 +48,15 @@ def checkpoints_durable_latest_first(
     return qs.order_by("-saved_at", "-step")
 
 
+def checkpoints_durable_latest_by_launch(job) -> dict[int, int]:
+    """Each launch's newest durable checkpoint step (as `checkpoints_durable_latest_first`
+    orders them), for every launch at once: one query, not one per launch."""
+    latest: dict[int, int] = {}
+    for attempt, step in checkpoints_durable_latest_first(job).values_list("attempt", "step"):
+        latest.setdefault(attempt, step)
+    return latest
+
+
 def job_latest_durable_checkpoint(
     job, *, saved_by=None, attempt: int | None = None
 ) -> Checkpoint | None:
