@@ -254,6 +254,20 @@ def scoreboard(
             for k, f in enumerate(faults)
             if k not in matched and f.cls != "planned"
         ],
+        # One incident per fault is the promise: the faults that opened more.
+        "doubled": [
+            {
+                "class": faults[k].cls,
+                "job": faults[k].job,
+                "attempt": faults[k].attempt,
+                "at": faults[k].ts - T0,
+                "incidents": [
+                    {"type": i.fault_type, "nodes": i.nodes, "at": i.fault_at - T0} for i in incs
+                ],
+            }
+            for k, incs in sorted(matched.items())
+            if len(incs) > 1
+        ],
         "false": [
             {"type": i.fault_type, "job": i.job, "nodes": i.nodes, "at": i.fault_at - T0}
             for i in false
@@ -355,6 +369,11 @@ def render(board: dict) -> str:
         lines.append(
             f"missed: {f['class']} {f['job']} {f['node']} launch {f['attempt']} at {f['at']:.0f} s"
             + (f" ({f['factor']:.2f}x for {f['lasted_s']:.0f} s)" if "factor" in f else "")
+        )
+    for d in board["doubled"]:
+        said = ", ".join(f"{i['type']} at {i['at']:.0f} s" for i in d["incidents"])
+        lines.append(
+            f"doubled: {d['class']} {d['job']} launch {d['attempt']} at {d['at']:.0f} s: {said}"
         )
     for i in board["false"]:
         lines.append(f"false: {i['type']} {i['job']} {i['nodes']} at {i['at']:.0f} s")

@@ -76,10 +76,10 @@ def _timeouts(idx, learned_before, smoothed, begins, ends, launch, cfg):
     baseline = np.maximum(learned_before, smoothed)
     learned = np.maximum(cfg["hang.floor_s"], cfg["hang.factor"] * baseline)
     # A launch's first steps compile and warm caches: minutes, whatever earlier launches
-    # learned (and a slow node makes them slower still).
-    timeouts = np.where(
-        idx < cfg["hang.skip_steps"], np.maximum(learned, cfg["hang.warmup_timeout_s"]), learned
-    )
+    # learned (and a slow node makes them slower still); so does the first interval
+    # after them when nothing was learned yet (only the floor would be left).
+    warm = (idx < cfg["hang.skip_steps"]) | (baseline <= 0)
+    timeouts = np.where(warm, np.maximum(learned, cfg["hang.warmup_timeout_s"]), learned)
     # A save started inside the interval: allow for it.
     return timeouts + np.where(_saving(begins, ends, launch), cfg["hang.save_allowance_s"], 0.0)
 

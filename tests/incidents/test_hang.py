@@ -201,6 +201,14 @@ def test_a_first_launch_warm_up_gets_the_long_timeout(ingest):
     assert len(hangs(ingest, heartbeats(905, 1200))) == 1  # 1000 s after step 2
 
 
+def test_the_first_step_after_a_first_warm_up_is_not_judged_by_the_floor(ingest):
+    """Nothing learned yet (the warm-up intervals are not learned from): a slow node
+    making the first interval after them 200 s long is no hang; the 60 s floor alone
+    would call it one."""
+    events = start() + steps([11, 12, 13, 14, 214, 215, 216]) + heartbeats(0, 240)
+    assert hangs(ingest, events) == []
+
+
 def test_the_factor_is_set_per_job(ingest):
     times = [11 + 20 * i for i in range(10)] + [11 + 20 * 9 + 90]
     events = start() + steps(times) + heartbeats(times[-1], times[-1] + 5)
