@@ -967,6 +967,7 @@ def secs(v: float | None) -> str:
 def report(figures: dict, failed: list[str], needed: float) -> int:
     r = figures["real"]
     cpu, late = r["cpu_share"], r["late_s"]
+    judged_sweep = r["seconds"] >= 3 * SWEEP_EVERY_S  # beat's first sweeps come late
     print(
         f"\nreal rate: {r['events']:,} events in {r['seconds']:.0f} s = {r['per_s']:,.1f}/s"
         f" (needed {needed:,.1f}); {r['posts']:,} POSTs, p50 {r['post_ms'].get('p50', 0):.0f} ms,"
@@ -1038,8 +1039,10 @@ def report(figures: dict, failed: list[str], needed: float) -> int:
             late.get("n", 0) > 0 and late["p95"] < KEPT_RATE_S,
         ),
         (
-            "the sweep ran every period (its age at most 2 x 15 s)",
-            r["sweep_age_s_max"] is not None and r["sweep_age_s_max"] <= 2 * SWEEP_EVERY_S,
+            "the sweep ran every period (its age at most 2 x 15 s)"
+            + ("" if judged_sweep else " (not judged: a run this short)"),
+            not judged_sweep
+            or (r["sweep_age_s_max"] is not None and r["sweep_age_s_max"] <= 2 * SWEEP_EVERY_S),
         ),
     ]
     targets = [
