@@ -32,8 +32,8 @@ The stream, at the real rate (defaults; seconds are wall seconds, and the events
 - Posting: --clients threads (8), each owning a contiguous slice of the nodes (their
   heartbeats and their ranks' windows; the first also the job's steps and
   checkpoints), post once a second what their nodes produced since their last post:
-  batches of about 67 events, from 40 to 140 as windows and heartbeats fall. One more
-  thread posts the side jobs. Events come from dict templates, bodies from orjson.
+  batches of about 67 events (26 heartbeats in the first 50 s, before the first
+  windows end), 8 POSTs a second. One more thread posts the side jobs. Events come from dict templates, bodies from orjson.
 
 The server is `console.wsgi` under gunicorn (--workers sync workers,
 bench/gunicorn_conf.py), the worker is one Celery process (solo pool) with beat in it,
