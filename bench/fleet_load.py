@@ -33,7 +33,8 @@ The stream, at the real rate (defaults; seconds are wall seconds, and the events
   heartbeats and their ranks' windows; the first also the job's steps and
   checkpoints), post once a second what their nodes produced since their last post:
   batches of about 67 events (26 heartbeats in the first 50 s, before the first
-  windows end), 8 POSTs a second. One more thread posts the side jobs. Events come from dict templates, bodies from orjson.
+  windows end), 8 POSTs a second. One more thread posts the side jobs. Events come
+  from dict templates, bodies from orjson.
 
 The server is `console.wsgi` under gunicorn (--workers sync workers,
 bench/gunicorn_conf.py), the worker is one Celery process (solo pool) with beat in it,
@@ -874,6 +875,7 @@ def main() -> int:
             "outbox_due_max": max((s["outbox_due"] for s in real_samples), default=0),
             "outbox_oldest_s_max": max((s["outbox_oldest_s"] for s in real_samples), default=0),
             "detection_lag_s_max": max((s["lag_s"] for s in real_samples), default=0),
+            "pass_s": stats_s(sorted({s["pass_s"] for s in real_samples})),
             "sweep_age_s_max": max(sweep_ages, default=None),
             "cpu_core_s": d,
             "cpu_share": {k: v / real_s for k, v in d.items()},
@@ -976,7 +978,9 @@ def report(figures: dict, failed: list[str], needed: float) -> int:
         f" {late.get('p95', 0):.2f} s, max {late.get('max', 0):.2f} s after its second ended\n"
         f"  worker's queue at most {r['queue_max']}; outbox past due at most"
         f" {r['outbox_due_max']} (oldest {r['outbox_oldest_s_max']:.1f} s); detection lag at"
-        f" most {r['detection_lag_s_max']:.1f} s; sweep age at most"
+        f" most {r['detection_lag_s_max']:.1f} s (the big job's full pass p50"
+        f" {r['pass_s'].get('p50', 0):.2f} s, max {r['pass_s'].get('max', 0):.2f} s);"
+        f" sweep age at most"
         f" {secs(r['sweep_age_s_max'])}\n"
         f"  CPU, % of one core: gunicorn {cpu['workers']:.0%}, postgres {cpu['postgres']:.0%},"
         f" worker {cpu['worker']:.0%}, clients {cpu['client']:.0%}, machine {cpu['machine']:.0%}"
