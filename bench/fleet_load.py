@@ -69,9 +69,12 @@ At the end:
 
 Checks: every event accepted (every answer 202 with all of its batch new), each side
 job's Xid incident opened, the straggler found on the slow node, no other incident on
-the big job, the sweep never more than 2 periods old. Exit status 0 when targets and
-checks pass. Deletes its jobs, cluster (nodes, incidents, actions), token and
-Redis queue at the end (--keep keeps the rows).
+the big job, ingest kept the real rate (a client's batch accepted, p95, within 1 s of
+the end of the second it covers), the sweep never more than 2 periods old (these two
+judged on runs of 45 s or more, headroom on bursts of 30 s or more). Exit
+status 0 when targets and checks pass. Deletes its jobs (and their outbox rows), its
+cluster (nodes, incidents, actions), token and Redis queue at the end (--keep keeps
+the rows).
 """
 
 import argparse
@@ -119,7 +122,8 @@ SIDE_RANKS = 8
 SIDE_FIRST_S = 5.0
 GOLDEN = 0.6180339887498949
 KEPT_RATE_S = 1.0  # a client's batch accepted this soon after its second ended (p95)
-KEEPS_PACE = 0.95  # detection's slope against the posting's: it kept up
+KEEPS_PACE = 0.95
+MIN_BURST_S = 30.0  # detection's slope against the posting's: it kept up
 
 
 def spread(i: int, period: float) -> float:
@@ -791,6 +795,7 @@ def main() -> int:
     setup_django(url)
     from django.db import connection
 
+    from common.models import OutboxEntry
     from console.services import token_issue
     from incidents.settings import DEFAULTS as DETECTOR_DEFAULTS
     from jobs.models import Cluster, TrainingJob
@@ -953,7 +958,13 @@ def main() -> int:
         if not args.keep:
             t = time.perf_counter()
             Action.objects.filter(cluster=cluster).delete()
-            TrainingJob.objects.filter(cluster=cluster).delete()
+            jobs = TrainingJob.objects.filter(cluster=cluster)
+            # The work the worker still held when it stopped, asked for in the outbox
+            # (rows keyed by job id): the next run's worker would find it past due.
+            OutboxEntry.objects.filter(
+                key__in=[str(pk) for pk in jobs.values_list("pk", flat=True)]
+            ).delete()
+            jobs.delete()
             Cluster.objects.filter(pk=cluster.pk).delete()  # nodes, incidents, the token
             print(f"deleted this run's rows in {time.perf_counter() - t:.1f} s")
         else:
@@ -1039,8 +1050,9 @@ def report(figures: dict, failed: list[str], needed: float) -> int:
         ),
         (
             f"ingest kept the real rate: batches accepted p95 < {KEPT_RATE_S:.0f} s after"
-            " their second ended",
-            late.get("n", 0) > 0 and late["p95"] < KEPT_RATE_S,
+            f" their second ended ({late.get('p95', 0):.2f} s)"
+            + ("" if judged_sweep else " (not judged: a run this short, its warm-up most of it)"),
+            not judged_sweep or (late.get("n", 0) > 0 and late["p95"] < KEPT_RATE_S),
         ),
         (
             "the sweep ran every period (its age at most 2 x 15 s)"
@@ -1062,7 +1074,15 @@ def report(figures: dict, failed: list[str], needed: float) -> int:
         ),
     ]
     if b:
-        targets.append((f"headroom > 1 ({b['headroom']:.1f}x)", b["headroom"] > 1))
+        # Passes come at least 5 s apart: a shorter burst cannot show detection's pace.
+        judged = b["seconds"] >= MIN_BURST_S
+        targets.append(
+            (
+                f"headroom > 1 ({b['headroom']:.1f}x)"
+                + ("" if judged else f" (not judged: a burst under {MIN_BURST_S:.0f} s)"),
+                b["headroom"] > 1 or not judged,
+            )
+        )
     ok = True
     for what, good in checks:
         print(f"check {verdict(good)}: {what}")
