@@ -253,11 +253,14 @@ def stop_server(server: subprocess.Popen) -> None:
         server.wait(timeout=5)
 
 
-def start_worker(url: str, var_dir: str) -> subprocess.Popen:
-    """One Celery worker process, as scripts/run starts it, on this run's queue."""
+def start_worker(url: str, var_dir: str, *, beat: bool = False) -> subprocess.Popen:
+    """One Celery worker process, as scripts/run starts it, on this run's queue; with
+    `beat`, the periodic work (the sweep, the outbox drain) runs in it too, as there."""
     env = dict(os.environ, DATABASE_URL=url, REBOUND_VAR_DIR=var_dir)
     cmd = [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool", "solo"]
     cmd += ["--without-gossip", "--without-mingle", "--loglevel", "WARNING"]
+    if beat:
+        cmd += ["--beat", "--schedule", os.path.join(var_dir, "celerybeat-schedule")]
     cmd += ["-Q", env["REBOUND_CELERY_QUEUE"]]
     return subprocess.Popen(cmd, cwd=ROOT, env=env)
 
