@@ -88,6 +88,7 @@ _WINDOW_COLUMNS = [
     ("ts", FLOAT),
     ("compute_s", FLOAT),
     ("step_s", FLOAT),
+    ("id", INT),
 ]
 _TABLES = {"step": StepRecord, "window": RankWindow, "beat": HeartbeatBucket, "event": Event}
 assert tuple(_TABLES) == STREAMS
@@ -207,6 +208,7 @@ def _advance(job, state: EngineState, bounds: dict) -> Watch:
     state.order = order
     _check_late_lifecycle(job, state, upto["event"])
 
+    _pending_read(job, state, cursor["window"])
     hangs = hang.advance(job, state, launches, finished, steps, cfg)
     losses = loss.advance(state, steps, cfg)
     stragglers = straggler.advance(state, launches, windows, cfg)
@@ -214,6 +216,21 @@ def _advance(job, state: EngineState, bounds: dict) -> Watch:
     state.cursor = upto
     rows = len(steps[0]) + len(windows[0])
     return Watch(hangs, losses, beats.dead, stragglers, rows_read=rows, nodes_reread=beats.reread)
+
+
+def _pending_read(job, state: EngineState, read_upto: int) -> None:
+    """Read back the windows not complete yet of the launches that have some: the rows
+    from the lowest id among them to what earlier passes read, of that launch, past
+    its last complete window."""
+    for number, ls in state.launches.items():
+        if ls.pending is not None or ls.pending_from is None:
+            continue
+        rows = _rows("jobs_rankwindow", _WINDOW_COLUMNS, job.id, ls.pending_from - 1, read_upto)
+        head = ls.windows.head if ls.windows is not None else None
+        keep = rows[0] == number
+        if head is not None:
+            keep &= rows[1] > head
+        ls.pending = [c[keep].tolist() for c in rows]
 
 
 def _check_late_lifecycle(job, state: EngineState, upto: int) -> None:

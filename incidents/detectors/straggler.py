@@ -86,7 +86,7 @@ def advance(state: EngineState, launches, windows, cfg) -> list[Straggler]:
 def _close_launch(state: EngineState, ls: LaunchState) -> None:
     """A later launch reports windows: this one's incomplete windows will never
     complete, and its streaks too short to count end."""
-    ls.pending = None
+    ls.pending, ls.pending_from = None, None
     if ls.windows is None:
         return
     for nid, run in ls.windows.runs.items():
@@ -97,7 +97,7 @@ def _close_launch(state: EngineState, ls: LaunchState) -> None:
 
 
 def _chunk(state: EngineState, ws: WindowsState, number: int, columns, cfg) -> None:
-    _, first, last, rank, node_id, ts, compute, step_s = columns
+    _, first, last, rank, node_id, ts, compute, step_s, _ids = columns
     world = ws.world
     shape = (len(first) // world, world)
     c = compute.reshape(shape)

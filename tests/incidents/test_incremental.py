@@ -222,3 +222,28 @@ def test_a_pass_holds_the_jobs_lock_only_to_read_its_bounds(ingest):
                 "SELECT id FROM jobs_trainingjob WHERE id = %s FOR UPDATE NOWAIT", [job.id]
             ).fetchall()
     assert locked == [(job.id,)]
+
+
+def test_windows_split_across_passes_are_kept_by_id_not_as_rows(ingest):
+    """Each window's ranks arrive in two halves, a pass after each: the state keeps the
+    incomplete half as the lowest id of its rows (read back by the next pass), and the
+    straggler is found as from whole windows."""
+    from incidents.models import DetectorState
+
+    expected = one_pass(ingest, "whole")
+    events = trace("split")
+    windows = [e for e in events if e["kind"] == "rank_window"]
+    rest = [e for e in events if e["kind"] != "rank_window"]
+    assert ingest(rest).status_code == 202
+    held = []
+    for i in range(0, len(windows), 8):
+        first, second = windows[i : i + 4], windows[i + 4 : i + 8]
+        for half in (first, second):
+            assert ingest(half).status_code == 202
+            services.incidents_detect(job=TrainingJob.objects.get(key="split"))
+            state = DetectorState.objects.get(job__key="split").data
+            held.append({n: ls["pending_from"] for n, ls in state["launches"].items()})
+            assert all("pending" not in ls for ls in state["launches"].values())
+    assert any(v is not None for h in held for v in h.values())  # halves were held
+    services.incidents_update_figures(job=TrainingJob.objects.get(key="split"))
+    assert summary("split") == expected
