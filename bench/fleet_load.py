@@ -866,7 +866,14 @@ def main() -> int:
         caught_s = probe.caught_up(top, stopped, timeout=20)
         real_lat = sorted(x for p in posters for ph, x in p.latencies if ph == "real")
         real_samples = [s for s in monitor.samples if s["phase"] == "real"]
-        sweep_ages = [s["sweep_age_s"] for s in real_samples if s["sweep_age_s"] is not None]
+        # A sweep stored before this run (an earlier run's, in a reused database) is not
+        # this run's: judged from the first sweep of the run on.
+        sweep_ages = [
+            s["sweep_age_s"]
+            for s in real_samples
+            if s["sweep_age_s"] is not None
+            and s["t"] - s["sweep_age_s"] >= cpu0["t"] - 2 * SWEEP_EVERY_S
+        ]
         posted_real = monitor.posted("real")
         d = {k: cpu1[k] - cpu0[k] for k in ("workers", "postgres", "worker", "client", "machine")}
         figures["real"] = {
