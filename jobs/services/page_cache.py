@@ -3,6 +3,7 @@
 revision the checkpoint groups, and while recent the rank heat map. The cache only
 saves work: a miss reads again."""
 
+import hashlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -68,9 +69,10 @@ def job_recent_refresh(job: TrainingJob, name: str, params: dict) -> Any:
 
 
 def refresh_key(job_id: int, name: str, params: dict) -> str:
-    """The outbox's key of a refresh: the job, the read and its parameters."""
+    """The outbox's key of a refresh: the job, the read and a digest of its parameters
+    (spelled out, they would not fit the key's 100 characters)."""
     args = "-".join(f"{k}={params[k]}" for k in sorted(params))
-    return f"{job_id}:{name}:{args}"
+    return f"{job_id}:{name}:{hashlib.sha256(args.encode()).hexdigest()[:16]}"
 
 
 def _recent_key(job: TrainingJob, name: str, params: dict) -> str:
