@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.core.cache import cache
+from redis.exceptions import RedisError
 
 from common.outbox import Work, outbox_enqueue
 from jobs import selectors
@@ -51,11 +52,20 @@ def job_recent_cached(job: TrainingJob, name: str, **params) -> Any:
         if entry["revision"] == job.revision or age < RECENT_S:
             return entry["value"]
         if age < STALE_S:
-            if cache.add(f"{key}:refreshing", 1, _REFRESH_LOCK_S):
+            if _ask_once(f"{key}:refreshing"):
                 work = Work(REFRESH_TASK, refresh_key(job.pk, name, params), [job.pk, name, params])
                 outbox_enqueue([work])
             return entry["value"]
     return job_recent_refresh(job, name, params)
+
+
+def _ask_once(lock: str) -> bool:
+    """Whether this reader asks for the refresh: the first to add the lock (a cache that
+    went away since the read asks nothing: the cache only saves work)."""
+    try:
+        return cache.add(lock, 1, _REFRESH_LOCK_S)
+    except RedisError:
+        return False
 
 
 def job_recent_refresh(job: TrainingJob, name: str, params: dict) -> Any:
