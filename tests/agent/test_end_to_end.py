@@ -94,9 +94,13 @@ def test_a_slowed_rank_is_a_straggler_named_by_its_node(live_cluster):
 
 def test_a_stopped_rank_is_a_hang(live_cluster):
     cluster = live_cluster
-    # Steps take tens of milliseconds here; a 3 s floor keeps the test short.
+    # Steps take tens of milliseconds here; a 3 s floor keeps the test short. The
+    # stopped rank's node falls silent too (its heartbeats came from that process): past
+    # the dead-node timeout that would explain the hang (a host), whenever a loaded
+    # machine delays the first pass that far; this test is about the hang.
     local = Cluster.objects.get(name="local")
     DetectorSetting.objects.create(cluster=local, name="hang.floor_s", value=3)
+    DetectorSetting.objects.create(cluster=local, name="dead_node.timeout_s", value=600)
     with celery_worker():
         cluster.launch("e2e-hang", nodes=["n1", "n2"], steps=5000, **TRAIN)
         until(lambda: stored_step("e2e-hang") >= 20, "step 20", cluster=cluster, job="e2e-hang")
