@@ -45,8 +45,6 @@ def advance(job, state: EngineState, launches, finished, steps, cfg) -> list[Sig
             if rows is not None or s.closed.stop != stop:
                 raise Rebuild  # its steps or its end moved after it was closed
             hang, learned = s.closed.hang, s.closed.learned
-            if hang is not None and hang.culprit is None:  # a state kept before culprits were
-                hang.culprit = _culprit(job, launch.number, _detected(launch, hang, cfg))
         else:
             if rows is not None:
                 o = rows[np.lexsort((seq[rows], ts[rows]))]
@@ -55,12 +53,12 @@ def advance(job, state: EngineState, launches, finished, steps, cfg) -> list[Sig
                 ls.started = True
                 _chunk(s, launch, ts[o], number[o], cfg)
             hang, learned = _tail(s, launch, stop, cfg)
-            # Once a later launch trains, this one's end is settled: keep its verdict,
-            # and the node it names (read once: that node's heartbeats may come back).
+            # Once a later launch trains, this one's end is settled: keep its verdict.
             if any(x.number in new or _trained(state, x) for x in launches[k + 1 :]):
-                if hang is not None:
-                    hang.culprit = _culprit(job, launch.number, _detected(launch, hang, cfg))
                 s.closed = Verdict(stop, hang, learned)
+        if hang is not None and s.closed is not None and hang.culprit is None:
+            # A settled hang's node is read once: that node's heartbeats may come back.
+            hang.culprit = _culprit(job, launch.number, _detected(launch, hang, cfg))
         if hang is not None:
             found.append(_signal(job, launch, hang, cfg))
         smoothed = learned if smoothed == 0 else alpha * learned + (1 - alpha) * smoothed
