@@ -23,6 +23,20 @@ def env_bool(name: str, default: bool) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
+def env_seconds(name: str, default: float, low: float, high: float) -> float:
+    """A number of seconds from the environment, from `low` to `high`."""
+    raw = os.environ.get(name) or str(default)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not low <= value <= high:  # NaN fails both
+        raise ImproperlyConfigured(
+            f"{name} must be a number of seconds from {low:g} to {high:g}, not {raw!r}."
+        )
+    return value
+
+
 DEBUG = env_bool("REBOUND_DEBUG", True)
 
 SECRET_KEY = os.environ.get("REBOUND_SECRET_KEY", "")
@@ -312,6 +326,20 @@ if not 0 <= REBOUND_NODE_LIVENESS_S <= 60:  # NaN fails both
         "REBOUND_NODE_LIVENESS_S must be a number of seconds from 0 to 60,"
         f" not {os.environ.get('REBOUND_NODE_LIVENESS_S')!r}."
     )
+
+# Storage upkeep (jobs.services.upkeep, README "Storage"): how long each stream keeps
+# its detail, in seconds. Heartbeat buckets and raw rank windows go by the job's clock,
+# the raw events of steps and windows by the console's.
+REBOUND_UPKEEP_EVERY_S = env_seconds("REBOUND_UPKEEP_EVERY_S", 600, 10, 86400)
+REBOUND_KEEP_HEARTBEAT_BUCKETS_S = env_seconds("REBOUND_KEEP_HEARTBEAT_BUCKETS_S", 3600, 60, 1e9)
+# Buckets this close (and no closer than the dead-node timeout) merge into one span.
+REBOUND_HEARTBEAT_SPAN_GAP_S = env_seconds("REBOUND_HEARTBEAT_SPAN_GAP_S", 60, 0, 3600)
+REBOUND_KEEP_RANK_WINDOWS_S = env_seconds("REBOUND_KEEP_RANK_WINDOWS_S", 48 * 3600, 60, 1e9)
+REBOUND_KEEP_STREAM_EVENTS_S = env_seconds("REBOUND_KEEP_STREAM_EVENTS_S", 3600, 0, 1e9)
+CELERY_BEAT_SCHEDULE["storage-upkeep"] = {
+    "task": "incidents.storage_upkeep",
+    "schedule": REBOUND_UPKEEP_EVERY_S,
+}
 
 LOGGING = {
     "version": 1,

@@ -26,6 +26,7 @@ from incidents import figures, selectors, signals
 from incidents.detectors import episodes, job_findings
 from incidents.detectors.base import Finding, Signal, signal_where
 from incidents.detectors.engine import watch_job
+from incidents.detectors.straggler import STRAGGLER
 from incidents.models import DetectorState, Incident, SweepState, TimelineEntry
 from incidents.settings import detector_settings
 from jobs.accounting import compute_ledger, load_lifecycle, load_steps
@@ -62,6 +63,8 @@ def incidents_detect(
         for finding in findings:
             if not _to_apply(finding, existing, inferred):
                 continue  # unchanged: not even a savepoint
+            if _judged_on_less(finding, existing, watch):
+                continue
             try:
                 # One finding that cannot be stored (a value beyond a column) spoils no other.
                 with transaction.atomic():
@@ -78,6 +81,17 @@ def incidents_detect(
         repeat = incidents_detect_repeat_offenders(job=job, nodes=named, cfg=cfg)
         changed += [(i, "") for i in repeat]
     return [i for i, _ in changed]
+
+
+def _judged_on_less(finding, existing, watch) -> bool:
+    """A straggler judged on fewer windows than its incident was: a state rebuilt after
+    storage upkeep rolled raw windows up (EngineState.partial) leaves it as it is."""
+    return (
+        watch is not None
+        and watch.partial
+        and finding.detector == STRAGGLER
+        and (finding.detector, finding.episode) in existing
+    )
 
 
 def _to_apply(finding, existing, inferred) -> bool:

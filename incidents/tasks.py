@@ -11,6 +11,7 @@ from celery import shared_task
 
 from common.outbox import outbox_claim
 from incidents import services
+from incidents.upkeep import incidents_storage_upkeep
 from jobs.models import TrainingJob
 
 logger = logging.getLogger(__name__)
@@ -49,3 +50,11 @@ def incidents_sweep() -> None:
             result.deaf,
             result.failed,
         )
+
+
+@shared_task(name="incidents.storage_upkeep", time_limit=1800, ignore_result=True)
+def storage_upkeep() -> None:
+    """Roll up and drop what the streams no longer need (incidents.upkeep); a repeat
+    finds less or nothing to do."""
+    run = incidents_storage_upkeep()
+    logger.info("storage upkeep: %s", run.report)

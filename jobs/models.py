@@ -337,3 +337,112 @@ class LedgerSnapshot(models.Model):
 
     def __str__(self):
         return f"ledger of {self.job_id} at r{self.revision}"
+
+
+# --- what storage upkeep keeps of the streams (jobs.services.upkeep) ---------------
+
+
+class RankWindowHour(models.Model):
+    """A node's rank windows of one launch and one hour (job clock), once the raw
+    windows are past `REBOUND_KEEP_RANK_WINDOWS_S`: how its ranks computed."""
+
+    job = models.ForeignKey(TrainingJob, related_name="rank_window_hours", **STREAM_FK)
+    attempt = models.PositiveIntegerField()
+    node = models.ForeignKey(
+        Node,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        db_constraint=False,
+        db_index=False,
+    )
+    hour = models.BigIntegerField(help_text="floor(ts / 3600)")
+    windows = models.PositiveIntegerField(help_text="rank windows rolled up")
+    compute_min_s = models.FloatField()
+    compute_median_s = models.FloatField(help_text="of the windows rolled up at first")
+    compute_max_s = models.FloatField()
+    step_median_s = models.FloatField()
+    slowest_rank = models.IntegerField(help_text="the rank of the slowest compute")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "attempt", "node", "hour"], name="rank_window_hour_unique"
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.job_id}#{self.attempt} node {self.node_id} hour {self.hour}"
+
+
+class EvidenceWindow(models.Model):
+    """A rank window an incident names as evidence, kept when the raw windows go."""
+
+    job = models.ForeignKey(TrainingJob, related_name="evidence_windows", **STREAM_FK)
+    attempt = models.PositiveIntegerField()
+    rank = models.IntegerField()
+    node = models.ForeignKey(
+        Node,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        db_constraint=False,
+        db_index=False,
+    )
+    first_step = models.BigIntegerField()
+    last_step = models.BigIntegerField()
+    ts = models.FloatField()
+    compute_s = models.FloatField()
+    step_s = models.FloatField()
+    comm_wait_s = models.FloatField(null=True, blank=True)
+    data_wait_s = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "attempt", "rank", "first_step"], name="evidence_window_unique"
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.job_id}#{self.attempt} rank {self.rank} [{self.first_step}] (evidence)"
+
+
+class StreamRollup(models.Model):
+    """How far upkeep has rolled a job's streams up: the stream tables' ids it has
+    been through, and the job-clock time before which raw rank windows are gone."""
+
+    job = models.OneToOneField(TrainingJob, on_delete=models.CASCADE, related_name="rollup")
+    beats_upto_id = models.BigIntegerField(default=0)
+    windows_upto_id = models.BigIntegerField(default=0)
+    # Per launch, the highest first step rolled up: a window at or below it that
+    # arrives later (a resend) is not stored again. {"<attempt>": step}
+    windows_rolled = models.JSONField(default=dict)
+    # The job's revision when upkeep last went through it, and whether detection had
+    # not read far enough then: a job with nothing new since is not visited again.
+    revision = models.BigIntegerField(default=0)
+    waiting = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self):
+        return f"rollup of {self.job_id}"
+
+
+class UpkeepRun(models.Model):
+    """One run of storage upkeep, and what it did."""
+
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # The highest event id when the run started: a later run drops the high-volume
+    # raw events up to it once it is REBOUND_KEEP_STREAM_EVENTS_S old.
+    event_id_at_start = models.BigIntegerField()
+    events_dropped_upto = models.BigIntegerField(default=0)
+    report = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+
+    def __str__(self):
+        return f"upkeep at {self.started_at:%Y-%m-%d %H:%M:%S}"

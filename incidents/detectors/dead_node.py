@@ -74,7 +74,8 @@ def _fold(b: NodeBeats, node_rows, timeout: float) -> None:
     for o in ordered[:-OPEN_BUCKETS]:  # these can no longer change
         if b.closed_last is not None and o[2] - b.closed_last > timeout:
             b.silences.append([b.closed_last, o[2]])
-        b.closed_last = o[3]
+        # A bucket filled late may lie inside a span that storage upkeep merged.
+        b.closed_last = o[3] if b.closed_last is None else max(b.closed_last, o[3])
     b.open = ordered[-OPEN_BUCKETS:]
 
 
@@ -101,7 +102,7 @@ def _dead_nodes(job, beats: dict[str, NodeBeats], launches, finished, timeout) -
             for o in b.open:
                 if last is not None and o[2] - last > timeout:
                     silences.append([last, o[2]])
-                last = o[3]
+                last = o[3] if last is None else max(last, o[3])
             gaps = [(a, min(z, stop) - a) for a, z in silences] + [(last, stop - last)]
             over = [(a, gap) for a, gap in gaps if start <= a <= stop and gap > timeout]
             if not over:

@@ -35,7 +35,14 @@ from incidents.detectors.state import STREAMS, EngineState, Rebuild, Straggler
 from incidents.models import DetectorState
 from jobs.accounting import Steps, build_launches
 from jobs.columns import FLOAT, INT, load_columns
-from jobs.models import Event, HeartbeatBucket, RankWindow, StepRecord, TrainingJob
+from jobs.models import (
+    Event,
+    HeartbeatBucket,
+    RankWindow,
+    StepRecord,
+    StreamRollup,
+    TrainingJob,
+)
 
 # The settings the engine's detectors read; the state remembers their values.
 SETTINGS = (
@@ -67,6 +74,7 @@ class Watch:
     rows_read: int = 0
     # Nodes whose heartbeats were read again (one landed behind them), in place of a rebuild.
     nodes_reread: list[str] = field(default_factory=list)
+    partial: bool = False  # see EngineState.partial
 
 
 # --- reading -------------------------------------------------------------------
@@ -148,9 +156,11 @@ def watch_job(job: TrainingJob, cfg: dict, *, clock: float | None = None) -> Wat
                 raise Rebuild
             watch = _advance(job, state, bounds)
         except Rebuild:
-            state = EngineState(cfg=cfg)
+            rolled = StreamRollup.objects.filter(job=job).exclude(windows_rolled={}).exists()
+            state = EngineState(cfg=cfg, partial=rolled)
             watch = _advance(job, state, bounds)
             watch.rebuilt = True
+        watch.partial = state.partial
         row.data = state.to_dict()
         row.save(update_fields=["data", "updated_at"])
     return watch

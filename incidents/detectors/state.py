@@ -343,6 +343,9 @@ class EngineState:
     order: list[int] = field(default_factory=list)  # the launches in start order
     window_launch: int | None = None  # the launch whose windows were read last
     splits: dict[str, int] = field(default_factory=dict)  # steps_between's settled answers
+    # Built after storage upkeep rolled raw windows up: its stragglers are judged on the
+    # windows kept, so they do not change the incidents found on all of them.
+    partial: bool = False
 
     def launch(self, number: int, first_ts: float) -> LaunchState:
         """The launch's state, new (first seen at `first_ts`) if none yet."""
@@ -364,6 +367,7 @@ class EngineState:
             "order": self.order,
             "window_launch": self.window_launch,
             "splits": self.splits,
+            "partial": self.partial,
         }
 
     @classmethod
@@ -384,6 +388,7 @@ class EngineState:
                 order=d["order"],
                 window_launch=d["window_launch"],
                 splits=d["splits"],
+                partial=d.get("partial", False),
             )
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise Rebuild from exc

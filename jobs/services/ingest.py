@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from common.errors import PermissionDenied
 from common.time import dt
+from common.vocabulary import UNSTORED_KINDS
 from jobs.bulk import (
     insert_ignoring_conflicts,
     insert_new,
@@ -36,6 +37,7 @@ from jobs.models import (
     Node,
     RankWindow,
     StepRecord,
+    StreamRollup,
     TrainingJob,
 )
 from jobs.selectors import job_status
@@ -103,14 +105,22 @@ def _lock_jobs(*, cluster: Cluster, keys: set[str]) -> dict[str, TrainingJob]:
 def _insert_events(jobs: dict[str, TrainingJob], events: list[WireEvent], now) -> list[WireEvent]:
     """Store the events not stored yet, each (job, id) once (the first in the batch wins).
 
-    Returns the events stored. The jobs are locked, so what the insert found
-    already stored cannot change before this transaction ends.
+    Returns the events stored, and the heartbeats: those are not stored raw (their
+    buckets take a heartbeat twice the same as once), so every one counts as new. The
+    jobs are locked, so what the insert found already stored cannot change before this
+    transaction ends.
     """
     job_id = {k: j.id for k, j in jobs.items()}
     firsts: dict[tuple[int, str], WireEvent] = {}
+    unstored: list[WireEvent] = []
     for e in events:
-        firsts.setdefault((job_id[e.job], e.client_id), e)
+        if e.kind in UNSTORED_KINDS:
+            unstored.append(e)
+        else:
+            firsts.setdefault((job_id[e.job], e.client_id), e)
     batch = list(firsts.values())
+    if not batch:
+        return unstored
     dumps = orjson.dumps
     inserted = insert_new(
         Event,
@@ -129,8 +139,8 @@ def _insert_events(jobs: dict[str, TrainingJob], events: list[WireEvent], now) -
         key=("job", "client_id"),
     )
     if len(inserted) == len(batch):
-        return batch
-    return [e for k, e in firsts.items() if k in inserted]
+        return batch + unstored
+    return [e for k, e in firsts.items() if k in inserted] + unstored
 
 
 def _ensure_nodes(cluster_id: int, names: set[str]) -> dict[str, int]:
@@ -183,7 +193,7 @@ def _project(cluster: Cluster, jobs: dict[str, TrainingJob], fresh: list[WireEve
     job_id = {k: j.id for k, j in jobs.items()}
 
     steps = [e for e in fresh if e.kind == "step"]
-    windows = [e for e in fresh if e.kind == "rank_window"]
+    windows = _windows_not_rolled_up(jobs, [e for e in fresh if e.kind == "rank_window"])
     lifecycle = [e for e in fresh if e.kind in Event.TIMELINE_KINDS]
     heartbeats = [e for e in fresh if e.kind == "heartbeat"]
 
@@ -229,6 +239,25 @@ def _project(cluster: Cluster, jobs: dict[str, TrainingJob], fresh: list[WireEve
     _record_heartbeats(node_ids, heartbeats, job_id, now)
     attempts = _project_lifecycle(jobs, fresh, lifecycle, node_ids)
     _update_jobs(jobs, fresh, lifecycle, attempts, now)
+
+
+def _windows_not_rolled_up(jobs, windows: list[WireEvent]) -> list[WireEvent]:
+    """The windows behind what storage upkeep rolled up are not stored again: their raw
+    event is gone, so a resend arrives as new, and its hour is counted already."""
+    if not windows:
+        return windows
+    rolled = dict(
+        StreamRollup.objects.filter(job_id__in={jobs[e.job].id for e in windows})
+        .exclude(windows_rolled={})
+        .values_list("job_id", "windows_rolled")
+    )
+    if not rolled:
+        return windows
+    return [
+        e
+        for e in windows
+        if e.data["first_step"] > rolled.get(jobs[e.job].id, {}).get(str(e.attempt), -1)
+    ]
 
 
 def _record_heartbeats(
@@ -411,7 +440,7 @@ def _update_jobs(jobs, fresh, lifecycle, attempts, now) -> None:
         if key in lifecycle_jobs:
             job.status = job_status(job, attempts_of.get(job.id))
         job.revision += 1
-        job.events_count += len(evs)
+        job.events_count += sum(1 for e in evs if e.kind not in UNSTORED_KINDS)
         job.last_received_at = now
         job.save(
             update_fields=[

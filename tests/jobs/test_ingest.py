@@ -14,6 +14,7 @@ from jobs.models import (
     Checkpoint,
     Cluster,
     Event,
+    HeartbeatBucket,
     Node,
     RankWindow,
     StepRecord,
@@ -73,7 +74,7 @@ def test_accepts_a_batch_and_projects_it(ingest):
     assert job.cluster.name == "east"
     assert job.status == TrainingJob.Status.RUNNING
     assert job.last_step == 2
-    assert job.events_count == 8
+    assert job.events_count == 7  # stored: the heartbeat is folded into its node's bucket
     attempt = job.attempts.get(number=1)
     assert attempt.world_size == 8
     assert sorted(attempt.nodes.values_list("name", flat=True)) == ["n0", "n1"]
@@ -93,15 +94,18 @@ def test_resending_is_idempotent(ingest):
     before = stored_counts()
     r = ingest(launch())
     assert r.status_code == 202
-    assert r.json() == {"accepted": 0, "duplicates": 8}
+    # A heartbeat is never stored (its bucket takes it twice the same as once): it is
+    # accepted again, and changes nothing.
+    assert r.json() == {"accepted": 1, "duplicates": 7}
     assert stored_counts() == before
+    assert HeartbeatBucket.objects.count() == 1
 
 
 def test_duplicates_inside_one_batch_count_once(ingest):
     events = launch()
     r = ingest(events + events[:3])
     assert r.json() == {"accepted": 8, "duplicates": 3}
-    assert Event.objects.count() == 8
+    assert Event.objects.count() == 7  # and the heartbeat in its bucket
 
 
 def test_partial_resend_counts_new_and_old(ingest):

@@ -1,0 +1,214 @@
+"""Storage per GPU-day: a simulated job at the real rate through ingest and detection,
+then storage upkeep (jobs.services.upkeep), with what each stream table holds before
+and after, and every figure checked unchanged by it.
+
+    .venv/bin/python bench/storage.py [--nodes 2048] [--hours 2] [--rate 100] [--seed 3]
+        [--database-url postgres://.../rebound_bench_storage]
+
+One job of `--nodes` nodes x 8 GPUs (2,048: 16,384 ranks) for `--hours` of its clock at
+the rate of the README's snippet on a large job: a step every 5 s, a window per rank
+every 10 steps, heartbeats per node every 10 s, faults at `--rate` per 1,000 node-days
+(bench/fleetsim), replayed through the real ingest and detection on a simulated clock
+(bench/fleetsim/drive.py). Its database is its own, dropped and made again at the start,
+so the tables hold this run alone.
+
+Sizes are PostgreSQL's (`pg_total_relation_size`: rows, indexes, TOAST) of a copy of
+each table's live rows, so both readings count live rows only. Upkeep runs once at the end with the
+horizons shortened to `--keep-s` (so a short run shows what a long one keeps), and the
+per-day figures follow from the per-hour ones:
+- kept for good, per day: what upkeep leaves of an hour of the job, x 24;
+- held while recent: the raw windows and buckets of the default horizons (settings).
+The ledger, the incidents (with their times and costs) and the reliability report are
+read before and after upkeep and must be identical.
+"""
+
+import argparse
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from harness import setup_django, verdict
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/rebound_bench_storage"
+TABLES = [
+    "jobs_event",
+    "jobs_steprecord",
+    "jobs_rankwindow",
+    "jobs_heartbeatbucket",
+    "jobs_rankwindowhour",
+    "jobs_evidencewindow",
+    "jobs_checkpoint",
+    "jobs_attempt",
+    "incidents_incident",
+    "incidents_detectorstate",
+]
+
+
+def recreate(url: str) -> None:
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/")
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def sizes() -> dict[str, tuple[int, int]]:
+    """(rows, bytes) per table: the size of a copy of its live rows with its indexes,
+    so that neither the dead rows upkeep leaves for VACUUM nor a transaction elsewhere
+    that keeps them from being removed count."""
+    from django.db import connection
+
+    out = {}
+    with connection.cursor() as cur:
+        for table in TABLES:
+            copy = f"bench_copy_{table}"
+            cur.execute(f"DROP TABLE IF EXISTS {copy}")
+            cur.execute(f"CREATE TABLE {copy} (LIKE {table} INCLUDING ALL)")
+            cur.execute(f"INSERT INTO {copy} SELECT * FROM {table}")
+            cur.execute(f"ANALYZE {copy}")
+            cur.execute(f"SELECT count(*), pg_total_relation_size('{copy}') FROM {copy}")
+            out[table] = cur.fetchone()
+            cur.execute(f"DROP TABLE {copy}")
+    return out
+
+
+def figures(keys, days):
+    from fleetsim.score import incidents_seen, ledger_seen, reliability_seen
+
+    return incidents_seen(keys), ledger_seen(keys), reliability_seen("fleet", days)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=2048)
+    ap.add_argument("--hours", type=float, default=2.0)
+    ap.add_argument("--rate", type=float, default=100.0, help="faults per 1,000 node-days")
+    ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--keep-s", type=float, default=600.0, help="horizons for the end's upkeep")
+    ap.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL))
+    args = ap.parse_args()
+
+    recreate(args.database_url)
+    setup_django(args.database_url)
+    from console.celery import app
+
+    app.conf.broker_url = "memory://"  # the driver runs the passes itself
+    from django.conf import settings
+    from django.test import override_settings
+    from fleetsim.drive import replay
+    from fleetsim.sim import FleetConfig, simulate
+
+    from common.time import dt
+    from incidents.upkeep import incidents_storage_upkeep
+    from jobs.models import TrainingJob
+
+    cfg = FleetConfig(
+        nodes=args.nodes,
+        days=args.hours / 24,
+        rate=args.rate,
+        seed=args.seed,
+        step_s=5.0,
+        window_steps=10,
+        heartbeat_s=10.0,
+        job_nodes=(args.nodes,),
+        max_job_nodes=args.nodes,
+        eval_every=720,  # an hour of 5 s steps
+    )
+    began = time.monotonic()
+    fleet = simulate(cfg)
+    n_events = len(fleet.events)
+    print(
+        f"simulated {args.nodes} nodes x 8 GPUs for {args.hours:g} h: {n_events:,} events,"
+        f" {len(fleet.faults)} faults ({time.monotonic() - began:.0f} s)"
+    )
+    run = uuid.uuid4().hex[:4]
+    for e in fleet.events:
+        e["id"] = f"{run}-{e['id']}"
+    began = time.monotonic()
+    stats = replay(fleet.events, cluster_name="fleet", tick_s=60, pass_every_s=600)
+    took = time.monotonic() - began
+    print(
+        f"replayed through ingest and detection in {took:.0f} s"
+        f" ({n_events / took:,.0f} events/s, {stats.full_passes} full passes)"
+    )
+    keys = [j.key for j in fleet.jobs]
+    job = TrainingJob.objects.get(key=keys[0])
+    span_h = (job.last_event_ts - job.first_event_ts) / 3600
+    gpus = args.nodes * 8
+    before = figures(keys, cfg.days)
+    raw = sizes()
+
+    short = {
+        "REBOUND_KEEP_RANK_WINDOWS_S": args.keep_s,
+        "REBOUND_KEEP_HEARTBEAT_BUCKETS_S": args.keep_s,
+        "REBOUND_KEEP_STREAM_EVENTS_S": 0,
+    }
+    began = time.monotonic()
+    with override_settings(**short):
+        incidents_storage_upkeep(now=dt(job.last_event_ts))
+        last = incidents_storage_upkeep(now=dt(job.last_event_ts + 1))
+    upkeep_s = time.monotonic() - began
+    after = figures(keys, cfg.days)
+    kept = sizes()
+    same = before == after
+    print(f"upkeep: {upkeep_s:.1f} s for both runs; the last reported {last.report}")
+
+    rolled_h = max(span_h - args.keep_s / 3600, 1e-9)
+    print(f"\n{'table':26} {'rows raw':>12} {'MB raw':>9} {'rows kept':>12} {'MB kept':>9}")
+    for t in TABLES:
+        print(
+            f"{t:26} {raw[t][0]:>12,} {raw[t][1] / 1e6:>9.1f} {kept[t][0]:>12,}"
+            f" {kept[t][1] / 1e6:>9.1f}"
+        )
+    total_raw = sum(b for _, b in raw.values())
+    total_kept = sum(b for _, b in kept.values())
+    per_hour_raw = total_raw / span_h
+    # What a rolled hour leaves: the kept bytes less the raw tail still held (the
+    # last --keep-s of windows and buckets, at the run's mean rate).
+    recent_share = min(args.keep_s / 3600 / span_h, 1.0)
+    stream_raw = raw["jobs_rankwindow"][1] + raw["jobs_heartbeatbucket"][1]
+    held_now = stream_raw * recent_share
+    per_hour_kept = max(total_kept - held_now, 0) / rolled_h
+    windows_hour = raw["jobs_rankwindow"][1] / span_h
+    buckets_hour = raw["jobs_heartbeatbucket"][1] / span_h
+    held = windows_hour * min(24, settings.REBOUND_KEEP_RANK_WINDOWS_S / 3600) + buckets_hour * min(
+        24, settings.REBOUND_KEEP_HEARTBEAT_BUCKETS_S / 3600
+    )
+    day_raw = per_hour_raw * 24
+    day_kept = per_hour_kept * 24
+    print(
+        f"\njob clock covered: {span_h:.2f} h; upkeep rolled up all but the last {args.keep_s:g} s"
+    )
+    print(
+        f"without upkeep: {day_raw / 1e9:.2f} GB per day for {gpus:,} GPUs"
+        f" = {day_raw / gpus / 1e3:.1f} KB per GPU-day"
+    )
+    print(
+        f"kept for good:  {day_kept / 1e9:.3f} GB per day = {day_kept / gpus / 1e3:.2f} KB"
+        f" per GPU-day ({day_kept * 54 / 1e9:.1f} GB over 54 days)"
+    )
+    print(
+        f"held while recent, default horizons (windows"
+        f" {settings.REBOUND_KEEP_RANK_WINDOWS_S / 3600:g} h, buckets"
+        f" {settings.REBOUND_KEEP_HEARTBEAT_BUCKETS_S / 3600:g} h): {held / 1e9:.2f} GB"
+    )
+    print(
+        f"after a day with default horizons: {(day_kept + held) / 1e9:.2f} GB"
+        f" (target <= 1 GB): {verdict(day_kept + held <= 1e9)}"
+    )
+    print(
+        f"ledger, incidents, reliability unchanged by upkeep: {verdict(same)}"
+        f" ({len(before[0])} incidents)"
+    )
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
