@@ -307,3 +307,19 @@ def upsert_spans(model, key: list[str], values: list[list], low: str, high: str)
             f" {hi} = MAX({table}.{hi}, excluded.{hi})",
             list(zip(*values, strict=True)),
         )
+
+
+def delete_ids(table: str, ids: list[int]) -> None:
+    """Delete the rows of `table` with these ids (a table name: a partition too)."""
+    if connection.vendor == "postgresql":  # the ids as one binary array a statement
+        with _binary_cursor() as cursor:
+            for k in range(0, len(ids), 100_000):
+                chunk = ids[k : k + 100_000]
+                cursor.execute(f"DELETE FROM {table} WHERE id = ANY(%b::int8[])", [_encode(chunk)])
+        return
+    with connection.cursor() as cursor:
+        for k in range(0, len(ids), 500):  # SQLite's limit on parameters is far above
+            chunk = ids[k : k + 500]
+            cursor.execute(
+                f"DELETE FROM {table} WHERE id IN ({', '.join(['%s'] * len(chunk))})", chunk
+            )

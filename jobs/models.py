@@ -436,7 +436,7 @@ class UpkeepRun(models.Model):
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
     # The highest event id when the run started: a later run drops the high-volume
-    # raw events up to it once it is REBOUND_KEEP_STREAM_EVENTS_S old.
+    # raw events up to it once it is REBOUND_KEEP_WINDOW_EVENTS_S old.
     event_id_at_start = models.BigIntegerField()
     events_dropped_upto = models.BigIntegerField(default=0)
     report = models.JSONField(default=dict)

@@ -7,13 +7,14 @@
   dead-node timeout) become one row, so every longer silence stays exactly as it was.
 - Rank windows stay raw for REBOUND_KEEP_RANK_WINDOWS_S (job clock), then are rolled up
   per launch, node and hour (RankWindowHour); the windows an incident names as
-  evidence are copied to EvidenceWindow first. A window rolled up that is sent again is
+  evidence are copied to EvidenceWindow first. On PostgreSQL the raw windows then go
+  with their hour's partition, once every job's windows in it are rolled up
+  (jobs.partitions); elsewhere they are deleted. A window rolled up that is sent again is
   not stored again (ingest reads StreamRollup.windows_rolled).
-- The raw events of steps and rank windows in jobs_event stay
-  REBOUND_KEEP_STREAM_EVENTS_S (server clock): their client ids tell a resend meanwhile;
-  after that the projections' own keys do (a step per launch; a window per launch, rank
-  and first step).
-- Steps, launches, faults and checkpoints are kept.
+- The raw events of rank windows in jobs_event stay REBOUND_KEEP_WINDOW_EVENTS_S (server
+  clock): their client ids tell a resend meanwhile; after that the window's own key
+  does (launch, rank and first step), and the rolled-up frontier.
+- Steps (their raw events too), launches, faults and checkpoints are kept.
 
 The caller says how far each job may go (`Limits`): never past what detection has
 read (incidents.upkeep). A job is rolled up holding its lock, which ingest takes first.
@@ -29,12 +30,13 @@ from datetime import datetime, timedelta
 
 import numpy as np
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from common.vocabulary import HIGH_VOLUME_KINDS
-from jobs.bulk import upsert_spans
+from common.vocabulary import BRIEFLY_KEPT_KINDS
+from jobs import partitions
+from jobs.bulk import delete_ids, upsert_spans
 from jobs.columns import FLOAT, INT, load_columns
 from jobs.models import (
     Event,
@@ -50,7 +52,6 @@ from jobs.models import (
 # Ids read per statement: a job's rows are found by id range (what was stored since),
 # a bounded range at a time.
 ID_RANGE = 200_000
-DELETE_CHUNK = 10_000
 HOUR_S = 3600
 RUNS_KEPT_S = 30 * 86400  # upkeep's own reports
 
@@ -77,6 +78,10 @@ class UpkeepTotals:
     evidence_windows: int = 0
     stream_events_dropped: int = 0
     waiting_for_detection: list[str] = field(default_factory=list)
+    window_hours_made: int = 0
+    window_hours_dropped: int = 0
+    beat_hours_made: int = 0
+    beat_hours_rolled: int = 0
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -93,9 +98,24 @@ def storage_upkeep(
         event_id_at_start=Event.objects.aggregate(m=Max("id"))["m"] or 0,
     )
     totals = UpkeepTotals()
+    if partitions.partitioned():
+        ahead = int(settings.REBOUND_PARTITIONS_AHEAD_S // partitions.HOUR_S)
+        made = partitions.hours_ensure(partitions.WINDOWS, now.timestamp(), ahead)
+        totals.window_hours_made = len(made)
+        totals.beat_hours_made = len(
+            partitions.hours_ensure(partitions.BEATS, now.timestamp(), ahead)
+        )
     for job in _jobs_to_visit():
         totals.jobs += 1
         _job_upkeep(job, limits_of, totals)
+    if partitions.partitioned():
+        # An hour of windows goes once every job's windows in it are rolled up.
+        dropped = partitions.window_hours_drop(
+            dict(StreamRollup.objects.values_list("job_id", "windows_upto_id")),
+            before_ts=now.timestamp() - settings.REBOUND_KEEP_RANK_WINDOWS_S,
+        )
+        totals.window_hours_dropped = len(dropped)
+        _roll_beat_hours(now, limits_of, totals)
     totals.stream_events_dropped = _drop_stream_events(run, now)
     UpkeepRun.objects.filter(started_at__lt=now - timedelta(seconds=RUNS_KEPT_S)).exclude(
         pk=run.pk
@@ -132,63 +152,104 @@ def _job_upkeep(job: TrainingJob, limits_of, totals: UpkeepTotals) -> None:
 
 def _roll_heartbeats(job, rollup: StreamRollup, limits: Limits, totals) -> bool:
     """Merge the job's buckets past the horizon into spans; True if some wait for
-    detection to read them."""
+    detection to read them. On PostgreSQL only those in the default partition: the
+    others are merged when their hour's partition goes (_roll_beat_hours)."""
     size = HeartbeatBucket.BUCKET_S
     cutoff = math.floor((job.last_event_ts - settings.REBOUND_KEEP_HEARTBEAT_BUCKETS_S) / size)
+    table = partitions.BEATS.default if partitions.partitioned() else partitions.BEATS.table
     lo = rollup.beats_upto_id
     while lo < limits.beats_upto_id:
         hi = min(lo + ID_RANGE, limits.beats_upto_id)
-        rows = list(
-            _of_job(HeartbeatBucket, job, lo, hi)
-            .order_by("id")
-            .values_list("id", "node", "bucket", "first_ts", "last_ts")
-        )
+        rows = _bucket_rows(table, job.id, lo, hi)
         # The first bucket inside the horizon stops the run: the next one starts there.
         stop = next((r[0] for r in rows if r[2] >= cutoff and r[0] not in limits.beats_held), None)
-        _merge_buckets(job, [r for r in rows if stop is None or r[0] < stop], limits, totals)
+        keep, gone = spans_of(
+            [r for r in rows if stop is None or r[0] < stop], limits.span_gap_s, limits.beats_held
+        )
+        if gone:
+            upsert_spans(
+                HeartbeatBucket,
+                ["job", "node", "bucket"],
+                [[job.id] * len(keep), *[[r[k] for r in keep] for k in (1, 2, 3, 4)]],
+                "first_ts",
+                "last_ts",
+            )
+            delete_ids(table, gone)
+            totals.heartbeat_buckets_merged += len(gone)
         if stop is not None:
             rollup.beats_upto_id = stop - 1
             return False
         lo = rollup.beats_upto_id = hi
-    return _of_job(HeartbeatBucket, job, lo, lo + ID_RANGE).filter(bucket__lt=cutoff).exists()
+    return any(r[2] < cutoff for r in _bucket_rows(table, job.id, lo, lo + ID_RANGE))
 
 
-def _merge_buckets(job, rows, limits: Limits, totals) -> None:
-    """One row per run of a node's buckets no more than the span gap apart: the run's
-    first row, widened; the others go."""
+def _bucket_rows(table: str, job_id: int, lo: int, hi: int) -> list[tuple]:
+    """(id, node, bucket, first_ts, last_ts) of the job's buckets with ids in (lo, hi]."""
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT id, node, bucket, first_ts, last_ts FROM {table}"
+            " WHERE id > %s AND id <= %s AND job_id + 0 = %s ORDER BY id",
+            [lo, hi, job_id],
+        )
+        return cur.fetchall()
+
+
+def spans_of(rows, gap_s: float, held: frozenset[int]) -> tuple[list[list], list[int]]:
+    """Runs of a node's buckets no more than `gap_s` apart, each as its first row widened
+    ([id, node, bucket, first_ts, last_ts]), and the ids of the rows merged into them.
+    A row detection holds to read again (`held`) stays as it is."""
     by_node: dict[str, list] = defaultdict(list)
-    for r in rows:
-        if r[0] not in limits.beats_held:
-            by_node[r[1]].append(r)
     keep, gone = [], []
+    for r in rows:
+        if r[0] in held:
+            keep.append(list(r))
+        else:
+            by_node[r[1]].append(r)
     for node, node_rows in by_node.items():
         node_rows.sort(key=lambda r: r[2])
         run = None
         for id_, _, bucket, first, last in node_rows:
-            if run is not None and first - run[4] <= limits.span_gap_s:
+            if run is not None and first - run[4] <= gap_s:
                 run[4] = max(run[4], last)
                 run[3] = min(run[3], first)
                 gone.append(id_)
                 continue
             run = [id_, node, bucket, first, last]
             keep.append(run)
-    if not gone:
-        return
-    upsert_spans(
-        HeartbeatBucket,
-        ["job", "node", "bucket"],
-        [
-            [job.id] * len(keep),
-            [r[1] for r in keep],
-            [r[2] for r in keep],
-            [r[3] for r in keep],
-            [r[4] for r in keep],
-        ],
-        "first_ts",
-        "last_ts",
-    )
-    _delete_ids(HeartbeatBucket, gone)
-    totals.heartbeat_buckets_merged += len(gone)
+    return keep, gone
+
+
+def _roll_beat_hours(now: datetime, limits_of, totals: UpkeepTotals) -> None:
+    """On PostgreSQL: each hour's partition of buckets past the horizon, once detection
+    has read it, goes; the spans of its buckets stay (in the default partition), under
+    their first bucket's id, so that detection sees nothing new."""
+    cutoff = now.timestamp() - settings.REBOUND_KEEP_HEARTBEAT_BUCKETS_S
+    cache: dict[int, Limits] = {}
+
+    def limits(job_id: int) -> Limits:
+        if job_id not in cache:
+            cache[job_id] = limits_of(TrainingJob.objects.get(pk=job_id))
+        return cache[job_id]
+
+    def roll(rows) -> list[list] | None:
+        by_job: dict[int, list] = defaultdict(list)
+        for r in rows:
+            by_job[r[1]].append((r[0], *r[2:]))
+        spans = []
+        for job_id, job_rows in by_job.items():
+            lim = limits(job_id)
+            if max(r[0] for r in job_rows) > lim.beats_upto_id:
+                key = TrainingJob.objects.get(pk=job_id).key
+                if key not in totals.waiting_for_detection:
+                    totals.waiting_for_detection.append(key)
+                return None  # not read by detection yet: the next run
+            keep, gone = spans_of(job_rows, lim.span_gap_s, lim.beats_held)
+            spans += [[job_id, *r] for r in keep]
+            totals.heartbeat_buckets_merged += len(gone)
+        return spans
+
+    for _ in partitions.beat_hours_roll(cutoff, roll):
+        totals.beat_hours_rolled += 1
 
 
 # --- rank windows --------------------------------------------------------------------
@@ -297,7 +358,9 @@ def _roll_up(job, rollup, limits, totals, ids, attempt, rank, node, first, ts, c
     RankWindowHour.objects.bulk_update(
         changed, ["windows", "compute_min_s", "compute_max_s", "slowest_rank"]
     )
-    _delete_ids(RankWindow, ids.tolist())
+    # On PostgreSQL the rows in an hour's partition go with it (jobs.partitions).
+    where = partitions.WINDOWS.default if partitions.partitioned() else partitions.WINDOWS.table
+    delete_ids(where, ids.tolist())
     rolled = dict(rollup.windows_rolled)
     for number in np.unique(attempt).tolist():
         top = int(first[o][attempt == number].max())
@@ -332,9 +395,9 @@ def _keep_evidence(job, limits, totals, ids, attempt, node, first) -> None:
 
 
 def _drop_stream_events(run: UpkeepRun, now: datetime) -> int:
-    """Drop the raw events of steps and rank windows stored before the latest run that
-    is REBOUND_KEEP_STREAM_EVENTS_S old (by id: what a run saw as the highest)."""
-    keep = timedelta(seconds=settings.REBOUND_KEEP_STREAM_EVENTS_S)
+    """Drop the raw events of rank windows stored before the latest run that
+    is REBOUND_KEEP_WINDOW_EVENTS_S old (by id: what a run saw as the highest)."""
+    keep = timedelta(seconds=settings.REBOUND_KEEP_WINDOW_EVENTS_S)
     due = (
         UpkeepRun.objects.filter(started_at__lte=now - keep)
         .exclude(pk=run.pk)
@@ -348,13 +411,8 @@ def _drop_stream_events(run: UpkeepRun, now: datetime) -> int:
     dropped = 0
     while lo < due.event_id_at_start:
         hi = min(lo + ID_RANGE, due.event_id_at_start)
-        dropped += Event.objects.filter(id__gt=lo, id__lte=hi, kind__in=HIGH_VOLUME_KINDS).delete()[
-            0
-        ]
+        dropped += Event.objects.filter(
+            id__gt=lo, id__lte=hi, kind__in=BRIEFLY_KEPT_KINDS
+        ).delete()[0]
         lo = run.events_dropped_upto = hi
     return dropped
-
-
-def _delete_ids(model, ids: list[int]) -> None:
-    for k in range(0, len(ids), DELETE_CHUNK):
-        model.objects.filter(id__in=ids[k : k + DELETE_CHUNK]).delete()

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from django.db import connection
 from django.test import override_settings
 
 from common.time import dt
@@ -17,6 +18,7 @@ from incidents.models import DetectorState, Incident, TimelineEntry
 from incidents.services import incidents_detect_pass, incidents_update_figures
 from incidents.tasks import storage_upkeep
 from incidents.upkeep import incidents_storage_upkeep
+from jobs import partitions
 from jobs.models import (
     Cluster,
     Event,
@@ -46,7 +48,7 @@ T0 = 1_790_000_000.0  # a multiple of the bucket size
 SHORT = {
     "REBOUND_KEEP_RANK_WINDOWS_S": 3600,
     "REBOUND_KEEP_HEARTBEAT_BUCKETS_S": 600,
-    "REBOUND_KEEP_STREAM_EVENTS_S": 60,
+    "REBOUND_KEEP_WINDOW_EVENTS_S": 60,
 }
 INCIDENT_FIELDS = [
     f.attname for f in Incident._meta.concrete_fields if f.name not in ("updated_at",)
@@ -113,10 +115,9 @@ def test_upkeep_leaves_every_figure_as_it_was():
     assert kept["steps"] == raw["steps"]
     assert RankWindowHour.objects.filter(job=job).count() == report["rank_window_hours"] > 0
     assert EvidenceWindow.objects.filter(job=job).count() == report["evidence_windows"]
-    # The raw events of steps and windows before the first run went; none after it.
-    assert not Event.objects.filter(
-        kind__in=("step", "rank_window"), id__lte=first.event_id_at_start
-    ).exists()
+    # The raw events of windows before the first run went; steps' stay.
+    assert not Event.objects.filter(kind="rank_window", id__lte=first.event_id_at_start).exists()
+    assert Event.objects.filter(kind="step").count() == raw["steps"]
     assert Event.objects.filter(kind="checkpoint_saved").exists()
     assert figures(keys) == before
 
@@ -185,3 +186,59 @@ def test_the_beat_schedule_runs_upkeep_and_it_reports(settings):
     run = UpkeepRun.objects.get()
     assert run.finished_at is not None
     assert run.report["jobs"] == 0
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)  # outside a transaction, as the task runs
+def test_on_postgresql_an_hour_past_the_horizon_goes_as_a_partition():
+    """The hours of windows and buckets made ahead of the trace hold its rows; upkeep
+    drops each hour of windows it rolled up whole, deleting no row of it, and puts each
+    hour of buckets detection has read back as spans."""
+    fleet = simulate(CONFIG)
+    start = fleet.events[0]["ts"]
+    ahead = int(CONFIG.days * 24) + 2
+    made = partitions.hours_ensure(partitions.WINDOWS, start, ahead_h=ahead)
+    assert partitions.hours_ensure(partitions.BEATS, start, ahead_h=ahead) == made
+    assert len(made) >= 13
+    replay(fleet.events, cluster_name="fleet", tick_s=300, pass_every_s=600)
+    keys = [j.key for j in fleet.jobs]
+    job = TrainingJob.objects.get(key=keys[0])
+    before = figures(keys)
+    with connection.cursor() as cur:
+        for table in (partitions.WINDOWS, partitions.BEATS):
+            cur.execute(f"SELECT count(*) FROM {table.default}")
+            assert cur.fetchone()[0] == 0  # every row in its hour
+    raw = counts()
+
+    end = job.last_event_ts
+    with override_settings(**SHORT):
+        run = incidents_storage_upkeep(now=dt(end))
+    report = run.report
+    left = partitions.hours(partitions.WINDOWS)
+    dropped = set(made) - set(left)
+    assert report["window_hours_dropped"] == len(dropped) >= 8, report
+    # Every hour that ended an hour before the horizon went (the last one may hold a
+    # window still to be judged) ...
+    cutoff = end - SHORT["REBOUND_KEEP_RANK_WINDOWS_S"]
+    assert all((hour + 2) * 3600 > cutoff for hour in left), (left, cutoff)
+    # ... whole: what is left of the raw windows is what the hours left hold.
+    assert RankWindow.objects.count() == RankWindow.objects.filter(ts__gte=left[0] * 3600).count()
+    assert RankWindow.objects.count() > raw["windows"] - report["rank_windows_rolled"]
+
+    # The hours of buckets past their horizon (10 min) went; their spans stayed.
+    beat_hours = partitions.hours(partitions.BEATS)
+    assert report["beat_hours_rolled"] == len(set(made) - set(beat_hours)) >= 10, report
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT count(*) FROM {partitions.BEATS.default}")
+        spans = cur.fetchone()[0]
+    assert 0 < spans < 0.05 * raw["buckets"], (spans, raw)
+    assert report["heartbeat_buckets_merged"] > 0.8 * raw["buckets"], report
+
+    assert figures(keys) == before
+    incidents_detect_pass(job=job)
+    assert figures(keys) == before
+    DetectorState.objects.filter(job=job).update(data={})  # rebuilt on what is left
+    job.refresh_from_db()
+    incidents_detect_pass(job=job)
+    incidents_update_figures(job=job)
+    assert figures(keys) == before

@@ -112,7 +112,6 @@ def test_a_node_heard_long_ago_stays_as_it_is(two_jobs, sweeping):
     assert Node.objects.get(name="n0").state == Node.State.ACTIVE
 
 
-
 def test_a_node_is_suspect_only_past_its_timeout_and_the_liveness_granularity(
     two_jobs, sweeping, settings
 ):
@@ -124,6 +123,7 @@ def test_a_node_is_suspect_only_past_its_timeout_and_the_liveness_granularity(
     assert services.incidents_sweep(now=NOW).suspect == []
     heard("n0", 36)
     assert services.incidents_sweep(now=NOW).suspect == ["n0"]
+
 
 def test_the_worker_runs_the_sweep_on_a_schedule():
     entry = settings.CELERY_BEAT_SCHEDULE["incidents-sweep"]

@@ -9,7 +9,7 @@ class Command(BaseCommand):
     help = (
         "Run storage upkeep once (what the worker's beat runs every REBOUND_UPKEEP_EVERY_S):"
         " roll heartbeat buckets and rank windows past their horizons up, drop the raw"
-        " events of steps and windows no client will send again; print what it did."
+        " events of rank windows no client will send again; print what it did."
     )
 
     def handle(self, *args, **options):
