@@ -62,10 +62,11 @@ LAUNCH_KINDS = tuple(k for k in TIMELINE_KINDS if k not in CHECKPOINT_SAVE_KINDS
 # The agent's sets: under pressure the reporter sheds heartbeats first, then rank
 # windows; every other kind it sends (steps included) is never shed, only spilled.
 SHEDDABLE_KINDS = ("heartbeat", "rank_window")
-# What the console keeps of the busiest kinds: heartbeats are never stored raw (ingest
-# folds them into per-node buckets); rank windows keep their raw event only as long as
-# a client may send it again (jobs.services.upkeep). A step's raw event is kept: one
-# per step of rank 0, with whatever fields beyond the known ones it carries.
+# What the console keeps of the busiest kinds: a plain heartbeat (no data) is never
+# stored raw (ingest folds it into its node's bucket; one with data, as the Slurm hooks
+# send, is); rank windows keep their raw event only as long as a client may send it
+# again (jobs.services.upkeep). A step's raw event is kept: one per step of rank 0, with
+# whatever fields beyond the known ones it carries.
 UNSTORED_KINDS = ("heartbeat",)
 BRIEFLY_KEPT_KINDS = ("rank_window",)
 NEVER_SHED_KINDS = frozenset(WIRE_KINDS) - frozenset(SHEDDABLE_KINDS)

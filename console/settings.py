@@ -335,12 +335,14 @@ REBOUND_KEEP_HEARTBEAT_BUCKETS_S = env_seconds("REBOUND_KEEP_HEARTBEAT_BUCKETS_S
 # Buckets this close merge into one span (never more than the job's dead-node timeout
 # apart, so every silence that detector would see stays).
 REBOUND_HEARTBEAT_SPAN_GAP_S = env_seconds("REBOUND_HEARTBEAT_SPAN_GAP_S", 60, 0, 3600)
-# Raw windows are most of a large job's stream (16,384 ranks: about 0.2 GB an hour);
+# Raw windows are most of a large job's stream (16,384 ranks: about 0.26 GB an hour);
 # past this they are kept per launch, node and hour.
-REBOUND_KEEP_RANK_WINDOWS_S = env_seconds("REBOUND_KEEP_RANK_WINDOWS_S", 3 * 3600, 60, 1e9)
+REBOUND_KEEP_RANK_WINDOWS_S = env_seconds("REBOUND_KEEP_RANK_WINDOWS_S", 2 * 3600, 60, 1e9)
 # On PostgreSQL, how far ahead of the clock upkeep makes the raw windows' hourly partitions.
 REBOUND_PARTITIONS_AHEAD_S = env_seconds("REBOUND_PARTITIONS_AHEAD_S", 86400, 3600, 30 * 86400)
-REBOUND_KEEP_WINDOW_EVENTS_S = env_seconds("REBOUND_KEEP_WINDOW_EVENTS_S", 3600, 0, 1e9)
+# A resend later than this is still told by the window's own key (launch, rank, first
+# step), only counted as accepted.
+REBOUND_KEEP_WINDOW_EVENTS_S = env_seconds("REBOUND_KEEP_WINDOW_EVENTS_S", 900, 0, 1e9)
 CELERY_BEAT_SCHEDULE["storage-upkeep"] = {
     "task": "incidents.storage_upkeep",
     "schedule": REBOUND_UPKEEP_EVERY_S,

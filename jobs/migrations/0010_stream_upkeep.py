@@ -117,12 +117,9 @@ class Migration(migrations.Migration):
                 ("hour", models.BigIntegerField(help_text="floor(ts / 3600)")),
                 ("windows", models.PositiveIntegerField(help_text="rank windows rolled up")),
                 ("compute_min_s", models.FloatField()),
-                (
-                    "compute_median_s",
-                    models.FloatField(help_text="of the windows rolled up at first"),
-                ),
+                ("compute_mean_s", models.FloatField()),
                 ("compute_max_s", models.FloatField()),
-                ("step_median_s", models.FloatField()),
+                ("step_mean_s", models.FloatField()),
                 ("slowest_rank", models.IntegerField(help_text="the rank of the slowest compute")),
                 (
                     "job",

@@ -105,7 +105,7 @@ def _lock_jobs(*, cluster: Cluster, keys: set[str]) -> dict[str, TrainingJob]:
 def _insert_events(jobs: dict[str, TrainingJob], events: list[WireEvent], now) -> list[WireEvent]:
     """Store the events not stored yet, each (job, id) once (the first in the batch wins).
 
-    Returns the events stored, and the heartbeats: those are not stored raw (their
+    Returns the events stored, and the plain heartbeats: those are not stored raw (their
     buckets take a heartbeat twice the same as once), so every one counts as new. The
     jobs are locked, so what the insert found already stored cannot change before this
     transaction ends.
@@ -114,7 +114,7 @@ def _insert_events(jobs: dict[str, TrainingJob], events: list[WireEvent], now) -
     firsts: dict[tuple[int, str], WireEvent] = {}
     unstored: list[WireEvent] = []
     for e in events:
-        if e.kind in UNSTORED_KINDS:
+        if e.kind in UNSTORED_KINDS and not e.data:
             unstored.append(e)
         else:
             firsts.setdefault((job_id[e.job], e.client_id), e)
@@ -440,7 +440,7 @@ def _update_jobs(jobs, fresh, lifecycle, attempts, now) -> None:
         if key in lifecycle_jobs:
             job.status = job_status(job, attempts_of.get(job.id))
         job.revision += 1
-        job.events_count += sum(1 for e in evs if e.kind not in UNSTORED_KINDS)
+        job.events_count += sum(1 for e in evs if e.kind not in UNSTORED_KINDS or e.data)
         job.last_received_at = now
         job.save(
             update_fields=[

@@ -341,22 +341,35 @@ def _roll_up(job, rollup, limits, totals, ids, attempt, rank, node, first, ts, c
                     hour=key[2],
                     windows=z - a,
                     compute_min_s=low,
-                    compute_median_s=float(np.median(compute[a:z])),
+                    compute_mean_s=float(compute[a:z].mean()),
                     compute_max_s=high,
-                    step_median_s=float(np.median(step[a:z])),
+                    step_mean_s=float(step[a:z].mean()),
                     slowest_rank=slowest,
                 )
             )
             continue
-        # Late windows of an hour rolled up already: counted in, the medians kept.
-        h.windows += z - a
+        # More of an hour rolled up already (a run rolls what passed the horizon since
+        # the last): the means weighted by the windows.
+        n = z - a
+        total = h.windows + n
+        h.compute_mean_s = (h.compute_mean_s * h.windows + float(compute[a:z].sum())) / total
+        h.step_mean_s = (h.step_mean_s * h.windows + float(step[a:z].sum())) / total
+        h.windows = total
         h.compute_min_s = min(h.compute_min_s, low)
         if high > h.compute_max_s:
             h.compute_max_s, h.slowest_rank = high, slowest
         changed.append(h)
     RankWindowHour.objects.bulk_create(new)
     RankWindowHour.objects.bulk_update(
-        changed, ["windows", "compute_min_s", "compute_max_s", "slowest_rank"]
+        changed,
+        [
+            "windows",
+            "compute_min_s",
+            "compute_mean_s",
+            "compute_max_s",
+            "step_mean_s",
+            "slowest_rank",
+        ],
     )
     # On PostgreSQL the rows in an hour's partition go with it (jobs.partitions).
     where = partitions.WINDOWS.default if partitions.partitioned() else partitions.WINDOWS.table

@@ -91,7 +91,9 @@ def proxy():
 
 
 def _heartbeat(i: int) -> str:
+    # With data, so stored as an event (a plain heartbeat only moves its node's bucket).
     event = {"id": f"hb-{i}", "job": "db-away", "kind": "heartbeat", "ts": time.time()}
+    event["data"] = {"probe": i}
     return json.dumps({"events": [{**event, "node": "n1"}]})
 
 

@@ -94,6 +94,9 @@ def test_upkeep_leaves_every_figure_as_it_was():
     assert any(i["fault_type"] == "dead_node" for i in before["incidents"])
     raw = counts()
     assert not Event.objects.filter(kind="heartbeat").exists()  # never stored raw
+    windows = list(
+        RankWindow.objects.values_list("attempt", "node_id", "rank", "ts", "compute_s", "step_s")
+    )
 
     end = job.last_event_ts
     # The raw windows' horizon cuts the longest straggler in two: a state rebuilt on the
@@ -114,6 +117,21 @@ def test_upkeep_leaves_every_figure_as_it_was():
     assert kept["buckets"] < 0.1 * raw["buckets"], (raw, kept)
     assert kept["steps"] == raw["steps"]
     assert RankWindowHour.objects.filter(job=job).count() == report["rank_window_hours"] > 0
+    # An hour well behind the horizon, rolled up whole: its figures are its windows'.
+    whole = int(end - horizon["REBOUND_KEEP_RANK_WINDOWS_S"]) // 3600 - 1
+    checked = 0
+    for h in RankWindowHour.objects.filter(job=job, hour__lt=whole):
+        mine = [
+            w for w in windows if (w[0], w[1], int(w[3] // 3600)) == (h.attempt, h.node_id, h.hour)
+        ]
+        computes = [w[4] for w in mine]
+        assert h.windows == len(mine)
+        assert h.compute_min_s == min(computes) and h.compute_max_s == max(computes)
+        assert h.compute_mean_s == pytest.approx(sum(computes) / len(mine))
+        assert h.step_mean_s == pytest.approx(sum(w[5] for w in mine) / len(mine))
+        assert h.slowest_rank in {w[2] for w in mine if w[4] == h.compute_max_s}
+        checked += 1
+    assert checked >= 8
     assert EvidenceWindow.objects.filter(job=job).count() == report["evidence_windows"]
     # The raw events of windows before the first run went; steps' stay.
     assert not Event.objects.filter(kind="rank_window", id__lte=first.event_id_at_start).exists()
@@ -176,6 +194,11 @@ def test_a_heartbeat_is_folded_into_its_bucket_not_stored(ingest):
     rows = list(HeartbeatBucket.objects.order_by("bucket").values_list("first_ts", "last_ts"))
     assert rows == [(T0, T0 + 5), (T0 + 10, T0 + 15), (T0 + 20, T0 + 25)]
     assert TrainingJob.objects.get(key="j1").events_count == 0  # events stored
+    # One with data (the Slurm hooks' node facts) is stored as an event as well.
+    fact = {**beats[0], "id": "prolog", "data": {"slurm": {"hook": "prolog"}}}
+    assert ingest([fact]).json() == {"accepted": 1, "duplicates": 0}
+    assert ingest([fact]).json() == {"accepted": 0, "duplicates": 1}
+    assert Event.objects.get(kind="heartbeat").data == fact["data"]
 
 
 def test_the_beat_schedule_runs_upkeep_and_it_reports(settings):
