@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -156,6 +157,7 @@ def detection_waiting() -> int:
 
 def test_a_detection_backlog_delays_no_recovery_and_loses_nothing(tmp_path, personas):
     need_program("pgbouncer", "apt-get install pgbouncer")
+    began = time.monotonic()
     bouncer = PgBouncer(tmp_path / "pgbouncer", pool_size=4)
     bouncer.start()
     env = {
@@ -185,8 +187,9 @@ def test_a_detection_backlog_delays_no_recovery_and_loses_nothing(tmp_path, pers
             ) as recovery_worker,
             celery_worker(roles=DETECTING, logfile=logs["detect"], **worker_kw) as detect_worker,
         ):
-            for server in servers:
-                server.start(timeout=90)
+            with ThreadPoolExecutor(len(servers)) as pool:  # both start at once
+                for started in [pool.submit(s.start, timeout=90) for s in servers]:
+                    started.result()
 
             def alive():
                 assert not load.error, load.error
@@ -194,6 +197,7 @@ def test_a_detection_backlog_delays_no_recovery_and_loses_nothing(tmp_path, pers
 
             load = Load(servers, token)
             load.start()
+            up_s = time.monotonic() - began
             # Through PgBouncer, end to end: a crash becomes its incident.
             load.crash("dep-a")
             until(lambda: crash_incidents("dep-a").exists(), "dep-a's incident", 30, alive)
@@ -282,7 +286,8 @@ def test_a_detection_backlog_delays_no_recovery_and_loses_nothing(tmp_path, pers
         assert "Traceback" not in server.output, server.output[-3000:]
     assert "prepared statement" not in pgbouncer_log
     print(
-        f"{sum(load.sent.values())} events in {load.batches} batches; the cordon done"
+        f"stack up in {up_s:.1f} s; {sum(load.sent.values())} events in {load.batches} batches;"
+        " the cordon done"
         f" {acted_s:.1f} s after the kill with {backlog} message(s) waiting for detection;"
         f" incidents {opened_s:.1f} s and backlog drained {drained_s:.1f} s after the return"
     )

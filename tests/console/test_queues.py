@@ -3,6 +3,7 @@ prefix the sending process has now, for sends by task object and by name alike (
 outbox's), through the real broker."""
 
 import contextlib
+import re
 
 import pytest
 from django.conf import settings
@@ -10,8 +11,8 @@ from django.db import transaction
 
 from common.outbox import Work, outbox_enqueue
 from console.celery import app
-from console.queues import queue_name
-from tests.processes import queue_depth, queue_prefix
+from console.queues import queue_name, queue_names
+from tests.processes import ROOT, queue_depth, queue_prefix
 
 # Every task there is, and where it must go: a new task fails this until it is placed.
 EXPECTED = {
@@ -64,11 +65,6 @@ def test_a_task_no_table_entry_names_goes_to_the_default_queue(prefix):
     assert routed("jobs.something_new") == queue_name(prefix, "detect")  # its app's
 
 
-def test_a_queue_the_sender_names_wins(prefix):
-    options = app.amqp.router.route({"queue": "elsewhere"}, "recovery.action_execute")
-    assert options["queue"].name == "elsewhere"
-
-
 @pytest.fixture
 def broker(prefix):
     """Sends reach the real broker (Redis, or the filesystem one); emptied afterwards."""
@@ -92,3 +88,12 @@ def test_the_outbox_and_sends_by_name_land_on_the_queue_of_their_role(broker):
     assert queue_depth(queue_name(broker, "default")) == 1
     assert queue_depth(queue_name(broker, "recovery")) == 1
     assert queue_depth(queue_name(broker, "upkeep")) == 0
+
+
+def test_the_worker_units_in_deploy_consume_every_queue_once():
+    consumed = []
+    for unit in sorted((ROOT / "deploy" / "systemd").glob("rebound-worker-*.service")):
+        command = unit.read_text().replace("\\\n", " ")
+        queues = re.search(r"--queues (\S+)", command).group(1)
+        consumed += queues.replace("${REBOUND_CELERY_QUEUE}", "site").split(",")
+    assert sorted(consumed) == sorted(queue_names("site"))
