@@ -11,7 +11,7 @@ runs, the kill-to-recovery runs, their report), like its siblings in bench/.
 Everything runs on this machine, against the benchmarks' own database
 (`rebound_bench`, migrated by bench/harness.setup_django) and Redis: a gunicorn
 console (sync workers, bench/gunicorn_conf.py, a var/ of its own) and one
-Celery worker (solo pool) on a Redis queue of this run's own, as in production.
+Celery worker (solo pool) on Redis queues of this run's own, as in production.
 An ingest token for cluster `bench-agent` is issued for the run and deleted
 after it.
 
@@ -83,7 +83,7 @@ after it.
    the launch is stopped. Prints the medians over the runs.
 
 Cleans up after itself: stops the launches, node agents, worker and server,
-deletes this run's jobs (unless --keep), its token and its Redis queue.
+deletes this run's jobs (unless --keep), its token and its Redis queues.
 Exit status 0 when both targets pass, 2 when one fails (or is inconclusive), 1 when
 a run broke.
 """
@@ -105,6 +105,7 @@ import uuid
 from harness import DEFAULT_DATABASE_URL, ROOT, BenchError, setup_django, until, verdict
 from ingest import (
     children,
+    forget_queues,
     free_port,
     machine_busy,
     process_cpu,
@@ -594,7 +595,7 @@ def main() -> int:
         with contextlib.suppress(Exception):
             import redis
 
-            redis.Redis.from_url(args.redis_url).delete(queue)
+            forget_queues(redis.Redis.from_url(args.redis_url), queue)
         token_obj.delete()
         for path in glob.glob(os.path.join(tempfile.gettempdir(), "rebound-agent", prefix + "*")):
             with contextlib.suppress(OSError):

@@ -3,7 +3,7 @@
     .venv/bin/python bench/detect.py [--runs 60] [--redis-url redis://127.0.0.1:6379/0]
         [--database-url postgres://...]
 
-Starts a real gunicorn server and a real Celery worker on Redis (a queue of
+Starts a real gunicorn server and a real Celery worker on Redis (queues of
 this run's own), then, per run, posts a new job's launch and a few steps,
 and then a `fault` event (a GPU Xid). The latency is the incident's
 `opened_at` less the fault event's `received_at`: both stamped by the
@@ -113,8 +113,6 @@ def main():
             "--without-mingle",
             "--loglevel",
             "WARNING",
-            "-Q",
-            queue,
         ],
         cwd=ROOT,
         env=worker_env,

@@ -38,7 +38,7 @@ The stream, at the real rate (defaults; seconds are wall seconds, and the events
 
 The server is `console.wsgi` under gunicorn (--workers sync workers,
 bench/gunicorn_conf.py), the worker is one Celery process (solo pool) with beat in it,
-as scripts/run starts it, on a Redis queue of this run's own; the run's cluster has
+as scripts/run starts it, on Redis queues of this run's own; the run's cluster has
 the `noop` recovery driver, so the incidents' actions are proposed and run without
 touching anything.
 
@@ -97,8 +97,10 @@ from ingest import (
     CpuMeter,
     children,
     drain,
+    forget_queues,
     free_port,
     process_cpu,
+    queued,
     start_server,
     start_worker,
     stop_server,
@@ -539,7 +541,7 @@ class Probe:
         self.db = pg_connect(database_url, autocommit=True)
 
     def depth(self) -> int:
-        return self.redis.llen(self.queue)
+        return queued(self.redis, self.queue)
 
     def one(self, sql: str, params=()):
         return self.db.execute(sql, params).fetchone()
@@ -957,8 +959,7 @@ def main() -> int:
         if probe is not None:
             # What the worker held (its debounced tasks) went back to the queue: nobody
             # will consume it; the queue and its bindings go.
-            bindings = (f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
-            probe.redis.delete(queue, *bindings)
+            forget_queues(probe.redis, queue)
             probe.db.close()
         if not args.var_dir:
             shutil.rmtree(var_dir, ignore_errors=True)

@@ -254,14 +254,14 @@ def stop_server(server: subprocess.Popen) -> None:
 
 
 def start_worker(url: str, var_dir: str, *, beat: bool = False) -> subprocess.Popen:
-    """One Celery worker process, as scripts/run starts it, on this run's queue; with
-    `beat`, the periodic work (the sweep, the outbox drain) runs in it too, as there."""
+    """One Celery worker process, as scripts/run starts it, on all of this run's queues
+    (REBOUND_CELERY_QUEUE's, console.queues); with `beat`, the periodic work (the sweep,
+    the outbox drain) runs in it too, as there."""
     env = dict(os.environ, DATABASE_URL=url, REBOUND_VAR_DIR=var_dir)
     cmd = [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool", "solo"]
     cmd += ["--without-gossip", "--without-mingle", "--loglevel", "WARNING"]
     if beat:
         cmd += ["--beat", "--schedule", os.path.join(var_dir, "celerybeat-schedule")]
-    cmd += ["-Q", env["REBOUND_CELERY_QUEUE"]]
     return subprocess.Popen(cmd, cwd=ROOT, env=env)
 
 
@@ -269,13 +269,29 @@ def worker_cpu(worker: subprocess.Popen | None) -> float:
     return process_cpu(worker.pid) if worker is not None else 0.0
 
 
+def queued(r, prefix: str) -> int:
+    """Messages waiting in the queues of `prefix` (REBOUND_CELERY_QUEUE), on Redis `r`."""
+    from console.queues import queue_names
+
+    return sum(r.llen(name) for name in queue_names(prefix))
+
+
+def forget_queues(r, prefix: str) -> None:
+    """Delete the queues of `prefix` and their bindings from Redis `r`: nobody will
+    consume what a run's worker left in them."""
+    from console.queues import queue_names
+
+    for name in queue_names(prefix):
+        r.delete(name, f"_kombu.binding.{name}", f"_kombu.binding_permanent.{name}")
+
+
 def drain(redis_url: str, queue: str, timeout: float = 120.0) -> float:
-    """Seconds until the worker's queue is empty (what it had left to do)."""
+    """Seconds until the worker's queues are empty (what it had left to do)."""
     import redis
 
     r = redis.Redis.from_url(redis_url)
     t = time.perf_counter()
-    while r.llen(queue) and time.perf_counter() - t < timeout:
+    while queued(r, queue) and time.perf_counter() - t < timeout:
         time.sleep(0.1)
     return time.perf_counter() - t
 
@@ -514,7 +530,7 @@ def main() -> int:
     var_dir = tempfile.mkdtemp(prefix="rebound-bench-")
     connection.close()  # this process's own connection stays out of the CPU figures
     worker = None
-    if args.worker:  # the server queues its tasks on Redis, to a queue of this run's own
+    if args.worker:  # the server queues its tasks on Redis, to queues of this run's own
         os.environ.update(REDIS_URL=args.redis_url, REBOUND_CELERY_QUEUE=f"bench-ingest-{run}")
         worker = start_worker(args.database_url, var_dir)
     server = start_server(args.database_url, args.workers, port, var_dir)

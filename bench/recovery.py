@@ -5,7 +5,7 @@
 
 The real path, on real parts: a gunicorn server (1 sync worker) takes the
 events; one Celery worker process (solo pool, as scripts/run starts it) on
-Redis, on a queue of this run's own (REBOUND_CELERY_QUEUE), does everything
+Redis, on queues of this run's own (REBOUND_CELERY_QUEUE), does everything
 else. Per run, on a fresh job (so no lease is held from an earlier run):
 
 1. posts the job's launch (attempt_started on two nodes, ready, a few steps)
@@ -57,7 +57,15 @@ import uuid
 import requests
 from detect import launch_events, post
 from harness import DEFAULT_DATABASE_URL, setup_django, verdict
-from ingest import free_port, start_server, start_worker, stop_server, wait_ready
+from ingest import (
+    forget_queues,
+    free_port,
+    queued,
+    start_server,
+    start_worker,
+    stop_server,
+    wait_ready,
+)
 
 TARGET_P95_S = 1.0
 CLUSTER = "bench-recovery"
@@ -130,7 +138,7 @@ def main() -> int:
         """The launch's full detection pass is done (its time is in the cache) and
         nothing waits in the queue."""
         done = cache.get(f"incident-pass-s:{job_id}") is not None
-        return done and not broker.llen(queue)
+        return done and not queued(broker, queue)
 
     def ended(job_id):
         """The job's action, once it ended (or went to wait for an approval: a failure here)."""
@@ -208,7 +216,7 @@ def main() -> int:
             worker.wait(timeout=5)
         # What the worker held (the debounced ledger refreshes) went back to the queue:
         # nobody will consume it; the queue and its bindings go.
-        broker.delete(queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
+        forget_queues(broker, queue)
         token_obj.delete()
         if args.keep:
             print(f"kept: jobs, actions and nodes {prefix}*")

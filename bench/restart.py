@@ -19,7 +19,7 @@ wall time noted; the figure is that kill -> the first step the next launch repor
    restore the checkpoint and step. First step = the first `step` event stamped after
    the new launch's `attempt_started`.
 2. Rebound: a LocalCluster of four 1-slot nodes (n1..n4, node agents) whose ranks post
-   to a gunicorn console; one Celery worker (solo pool) on a Redis queue of this run's
+   to a gunicorn console; one Celery worker (solo pool) on Redis queues of this run's
    own with the cluster's recovery driver `local` on that cluster. The launch runs on
    n1, n2; after the kill the supervisor reports the crash, the worker's detection
    opens the incident, the default crash policy proposes `restart_job` (automatic),
@@ -53,7 +53,7 @@ import time
 import uuid
 
 from harness import DEFAULT_DATABASE_URL, ROOT, BenchError, setup_django, until, verdict
-from ingest import free_port, start_server, start_worker, stop_server, wait_ready
+from ingest import forget_queues, free_port, start_server, start_worker, stop_server, wait_ready
 
 sys.path.insert(0, str(ROOT))  # ahead of bench/ (bench/agent.py would shadow `agent`)
 
@@ -334,7 +334,7 @@ def main() -> int:
         with contextlib.suppress(Exception):
             import redis
 
-            redis.Redis.from_url(args.redis_url).delete(queue)
+            forget_queues(redis.Redis.from_url(args.redis_url), queue)
         if args.keep:
             print(f"kept: jobs {prefix}*, cluster state and logs in {var_dir}")
         else:

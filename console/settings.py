@@ -11,6 +11,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from console.queues import queue_declarations
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("REBOUND_VAR_DIR", BASE_DIR / "var"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
@@ -122,6 +124,27 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     # A file, not memory, so a test can share it with a real worker process.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+
+# A pooler between the console and PostgreSQL (README "Deploying"). In PgBouncer's
+# transaction mode one connection's transactions may each run on another server
+# connection, so nothing may live in a session: no server-side cursors (they outlive the
+# transaction that opened them) and no prepared statements (psycopg's, off in Django's
+# default already; pinned here so that OPTIONS cannot turn them on). The code takes no
+# advisory locks, SETs nothing for a session, LISTENs to nothing and creates no
+# temporary tables; the time zone (Django sets it when the server's differs) is a
+# parameter PgBouncer keeps per client.
+REBOUND_DB_POOLER = os.environ.get("REBOUND_DB_POOLER", "").strip().lower()
+if REBOUND_DB_POOLER not in ("", "session", "transaction"):
+    raise ImproperlyConfigured(
+        f"REBOUND_DB_POOLER must be transaction, session or unset, not {REBOUND_DB_POOLER!r}."
+    )
+if REBOUND_DB_POOLER == "transaction":
+    if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        raise ImproperlyConfigured("REBOUND_DB_POOLER=transaction needs a PostgreSQL DATABASE_URL.")
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"prepare_threshold": None, "server_side_binding": False}
+    )
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -264,7 +287,34 @@ CACHES = {
         }
     )
 }
+# Queues (console.queues): REBOUND_CELERY_QUEUE names the default queue and prefixes
+# the others (`rebound.detect`, ...). A worker started without -Q consumes them all;
+# `-Q rebound.recovery` (say) starts one on a subset.
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("REBOUND_CELERY_QUEUE", "rebound")
+CELERY_TASK_QUEUES = queue_declarations(CELERY_TASK_DEFAULT_QUEUE)
+CELERY_TASK_ROUTES = ("console.queues.route_task",)
+# Each task's queue, by role (a name, or an app's "<app>.*"; unnamed: the default queue).
+REBOUND_TASK_QUEUES = {
+    # Ingest's follow-up and detection: work per job and batch, which a burst of events
+    # can pile up. Nothing else waits behind it.
+    "jobs.*": "detect",
+    "incidents.*": "detect",
+    # Acting on the cluster: never behind a detection backlog. An action may run for
+    # minutes (its kind's time limit), so the periodic work below is not here either.
+    "recovery.*": "recovery",
+    # Long and rare (compaction): alone, so that it delays nothing.
+    "jobs.storage_upkeep": "upkeep",
+    # The periodic control work, on the default queue: short, and what brings lost work
+    # back. The drain sends again what the broker lost (recovery's tasks among it); the
+    # sweep is the only detection of a job gone silent (it sends no events, so no
+    # detection work); the reconciler re-sends stuck actions; approvals expire on time.
+    # Behind a detection backlog or a long action, each would come too late.
+    "common.outbox_drain": "default",
+    "incidents.sweep": "default",
+    "recovery.actions_reconcile": "default",
+    "recovery.approvals_expire": "default",
+    "recovery.approvals_retire": "default",
+}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

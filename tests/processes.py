@@ -2,18 +2,23 @@
 
 import contextlib
 import os
+import pwd
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
+import pytest
 import requests
 from django.db import connection
 
 from console.celery import app
+from console.queues import queue_names
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,6 +30,16 @@ def database_url() -> str:
         return f"sqlite:///{s['NAME']}"
     user, host, port = s["USER"] or "postgres", s["HOST"] or "127.0.0.1", s["PORT"] or 5432
     return f"postgres://{user}@{host}:{port}/{s['NAME']}"
+
+
+def need_program(name: str, install: str) -> None:
+    """Skip the calling test without `name` on PATH; fail it instead where CI requires
+    the deployment's tools (REBOUND_REQUIRE_DEPLOY_TOOLS=1: .ci/run installs them)."""
+    if shutil.which(name) is None:
+        why = f"needs {name} ({install})"
+        if os.environ.get("REBOUND_REQUIRE_DEPLOY_TOOLS") == "1":
+            pytest.fail(f"REBOUND_REQUIRE_DEPLOY_TOOLS is set, but this test {why}")
+        pytest.skip(why)
 
 
 def free_port() -> int:
@@ -50,6 +65,11 @@ def _stop(process: subprocess.Popen, timeout: float = 20, *, group: bool = False
     return out or ""
 
 
+def queue_prefix() -> str:
+    """A queue prefix (REBOUND_CELERY_QUEUE) no other test uses."""
+    return f"test-{uuid.uuid4().hex[:8]}"
+
+
 @contextlib.contextmanager
 def celery_worker(
     loglevel: str = "INFO",
@@ -57,13 +77,17 @@ def celery_worker(
     env: dict | None = None,
     beat_schedule: Path | None = None,
     logfile: Path | None = None,
+    prefix: str | None = None,
+    roles: tuple[str, ...] | None = None,
 ):
-    """A worker process on the project's broker and a queue of its own; tasks this
-    process sends go to that queue meanwhile. Yields the process; its output is
-    in `.output` once it has stopped. `env` goes on top of the defaults (a REDIS_URL
-    of the test's own); with `beat_schedule` it runs beat too, as scripts/run does;
-    with `logfile` its log goes there (a long, chatty run would fill the pipe)."""
-    queue = f"test-{uuid.uuid4().hex[:8]}"
+    """A worker process on the project's broker and queues of its own (all those of a
+    new prefix, console.queues); tasks this process sends go to them meanwhile. Yields
+    the process; its output is in `.output` once it has stopped. `env` goes on top of
+    the defaults (a REDIS_URL of the test's own); with `beat_schedule` it runs beat too,
+    as scripts/run does; with `logfile` its log goes there (a long, chatty run would
+    fill the pipe). Workers that split the queues between them share a `prefix`
+    (queue_prefix()), each consuming its `roles` only (`-Q`, as deploy/ starts them)."""
+    queue = prefix or queue_prefix()
     eager, default_queue = app.conf.task_always_eager, app.conf.task_default_queue
     app.conf.task_always_eager = False
     app.conf.task_default_queue = queue
@@ -75,7 +99,9 @@ def celery_worker(
         **(env or {}),
     }
     cmd = [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool", "solo"]
-    cmd += ["--without-gossip", "--without-mingle", "--loglevel", loglevel, "-Q", queue]
+    cmd += ["--without-gossip", "--without-mingle", "--loglevel", loglevel]
+    if roles is not None:
+        cmd += ["-Q", ",".join(queue_names(queue, roles))]
     if beat_schedule is not None:
         cmd += ["--beat", "--schedule", str(beat_schedule)]
     if logfile is not None:
@@ -139,3 +165,93 @@ class Server:
         if self.process is not None:
             self.output += _stop(self.process)
             self.process = None
+
+
+def queue_depth(name: str) -> int:
+    """Messages waiting in queue `name` on the broker (none taken by a worker yet)."""
+    with app.connection_for_read() as conn:
+        try:
+            return conn.default_channel.queue_declare(queue=name, passive=True).message_count
+        except conn.channel_errors:  # never declared, or emptied away (Redis)
+            return 0
+
+
+class PgBouncer:
+    """PgBouncer in transaction mode on a free port, in front of the test database: one
+    client's transactions land on any of `pool_size` server connections, so whatever
+    relies on session state fails through it. `url` is the test database through it;
+    `available` says whether PgBouncer is installed at all."""
+
+    available = shutil.which("pgbouncer") is not None
+
+    def __init__(self, tmp_path: Path, pool_size: int = 4):
+        self.port = free_port()
+        s = connection.settings_dict
+        self.dbname = s["NAME"]
+        self.upstream = {
+            "host": s["HOST"] or "127.0.0.1",
+            "port": s["PORT"] or 5432,
+            "user": s["USER"] or "postgres",
+        }
+        self.url = f"postgres://{self.upstream['user']}@127.0.0.1:{self.port}/{self.dbname}"
+        self.dir = tmp_path
+        self.pool_size = pool_size
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 10) -> None:
+        # Refuses to run as root: it then runs as the database's system user, which must
+        # read its files (pytest's directories are the owner's only).
+        as_user = None
+        if os.geteuid() == 0:
+            as_user = pwd.getpwnam("postgres") if _has_user("postgres") else pwd.getpwnam("nobody")
+            self.dir = Path(tempfile.mkdtemp(prefix="rebound-pgbouncer-"))
+            os.chown(self.dir, as_user.pw_uid, as_user.pw_gid)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        u = self.upstream
+        ini = self.dir / "pgbouncer.ini"
+        ini.write_text(
+            "[databases]\n"
+            f"{self.dbname} = host={u['host']} port={u['port']} user={u['user']}"
+            f" dbname={self.dbname} timezone=UTC\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+            "auth_type = any\npool_mode = transaction\n"
+            f"default_pool_size = {self.pool_size}\nmax_client_conn = 200\n"
+            f"logfile = {self.dir / 'pgbouncer.log'}\n"
+        )
+        cmd = ["pgbouncer", str(ini)]
+        if as_user is not None:
+            os.chown(ini, as_user.pw_uid, as_user.pw_gid)
+            cmd += ["-u", as_user.pw_name]
+        self.process = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.process.communicate()[0] + self.log()
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5),
+            ):
+                return
+            time.sleep(0.05)
+        raise TimeoutError("pgbouncer did not listen: " + self.log())
+
+    def log(self) -> str:
+        path = self.dir / "pgbouncer.log"
+        return path.read_text() if path.exists() else ""
+
+    def stop(self) -> None:
+        if self.process is not None:
+            _stop(self.process, timeout=5)
+            self.process = None
+        if self.dir.name.startswith("rebound-pgbouncer-"):
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _has_user(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
