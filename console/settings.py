@@ -303,7 +303,7 @@ REBOUND_TASK_QUEUES = {
     # minutes (its kind's time limit), so the periodic work below is not here either.
     "recovery.*": "recovery",
     # Long and rare (compaction): alone, so that it delays nothing.
-    "jobs.storage_upkeep": "upkeep",
+    "incidents.storage_upkeep": "upkeep",
     # The periodic control work, on the default queue: short, and what brings lost work
     # back. The drain sends again what the broker lost (recovery's tasks among it); the
     # sweep is the only detection of a job gone silent (it sends no events, so no

@@ -237,7 +237,7 @@ def test_behind_nginx_the_console_answers_over_tls_and_nginx_serves_the_static_f
 
 def get(url, **kw):
     headers = {"Host": HOST, **kw.pop("headers", {})}
-    return requests.get(url, headers=headers, verify=False, timeout=10, **kw)
+    return requests.get(url, headers=headers, verify=False, timeout=30, **kw)
 
 
 def until_answers(request, *processes, timeout_s=60):
@@ -249,7 +249,7 @@ def until_answers(request, *processes, timeout_s=60):
             answer = request()
             if answer.status_code != 502:  # nginx up, gunicorn not yet
                 return answer
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # a loaded machine's first page
             pass
         if time.monotonic() > deadline:
             raise TimeoutError("no answer through nginx")

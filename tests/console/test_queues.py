@@ -24,7 +24,7 @@ EXPECTED = {
     "recovery.incident_propose": "recovery",
     "recovery.action_execute": "recovery",
     "recovery.action_follow_up": "recovery",
-    "jobs.storage_upkeep": "upkeep",
+    "incidents.storage_upkeep": "upkeep",
     "common.outbox_drain": "default",
     "incidents.sweep": "default",
     "recovery.actions_reconcile": "default",
