@@ -126,7 +126,10 @@ def settled(console: Console, job: str, cluster: str, db: str, *, refreshed: boo
             last = reading
         else:
             last = None
-        assert time.monotonic() < deadline, f"{job} did not settle: {last}"
+        assert time.monotonic() < deadline, (
+            f"{job} did not settle: outbox {outbox(db)}, ledger current"
+            f" {ledger_current(db, job)}, last reading {last}"
+        )
         time.sleep(1.5)
 
 
@@ -312,7 +315,8 @@ def test_a_dump_of_a_live_console_restores_its_ledgers_and_incidents(
         done = sh(migrate, env)
         assert done.returncode == 0, done.stderr
         waiting = outbox(restored)
-        with celery_worker(env={"DATABASE_URL": restored}) as worker:
+        beat = tmp_path / "beat"  # as scripts/run starts it: the outbox drain runs on beat
+        with celery_worker(env={"DATABASE_URL": restored}, beat_schedule=beat) as worker:
             second = Server(tmp_path / "restored", env={"DATABASE_URL": restored})
             servers.append(second)
             second.start(timeout=90)
