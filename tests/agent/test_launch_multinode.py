@@ -20,7 +20,7 @@ from recovery.services.pause import cluster_pause
 from tests.agent.torchrun import launch_environ
 from tests.processes import free_port
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.engine_free, pytest.mark.django_db(transaction=True)]
 
 NODES = ("mn-a", "mn-b")
 

@@ -10,7 +10,7 @@ from console.services import token_issue
 from jobs.models import Attempt, Event, LaunchReservation, TrainingJob
 from tests.agent.torchrun import torchrun
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.engine_free, pytest.mark.django_db(transaction=True)]
 
 JOB = "torchrun-restart"
 

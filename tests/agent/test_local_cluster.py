@@ -20,6 +20,8 @@ from agent.checkpoints import checkpoint_steps
 from agent.cluster import ClusterError, LocalCluster
 from agent.sinks import read_events
 
+pytestmark = pytest.mark.engine_free
+
 TRAIN = {
     "global_batch": 8,
     "micro_batch": 2,

@@ -12,7 +12,7 @@ from console.services import token_issue
 from jobs.models import Attempt, Event, LaunchReservation
 from tests.agent.torchrun import ROOT, torchrun
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.engine_free, pytest.mark.django_db(transaction=True)]
 
 MARKER = "<!-- readme-snippet: instrument"
 JOB = "readme-snippet"

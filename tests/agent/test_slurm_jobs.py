@@ -30,7 +30,7 @@ from tests.agent.torchrun import launch_environ
 from tests.processes import Server, free_port
 from tests.slurm_cluster import SlurmCluster
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.engine_free, pytest.mark.django_db(transaction=True)]
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = "slurm-test"

@@ -31,6 +31,8 @@ from agent.torch_hooks import (  # noqa: E402
     latest_checkpoint,
 )
 
+pytestmark = pytest.mark.engine_free
+
 REPO = Path(__file__).resolve().parents[2]
 torch.set_num_threads(1)
 

@@ -19,7 +19,7 @@ from recovery import services
 from recovery.models import Action, ClusterRecoverySettings
 from tests.browser.conftest import save_shot
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.engine_free, pytest.mark.django_db(transaction=True)]
 
 S = Action.State
 DONE_S = 60  # the worker's run, seen through the page's 3 s poll

@@ -5,8 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.browser import conftest as browser
 from tests.processes import ROOT
+
+pytestmark = pytest.mark.engine_free
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(20_000)
 

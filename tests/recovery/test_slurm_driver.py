@@ -22,6 +22,8 @@ from recovery.drivers.slurm import SlurmDriver, expand_hostlist, parse_scontrol_
 from tests import slurm_cluster
 from tests.slurm_cluster import SlurmCluster
 
+pytestmark = pytest.mark.engine_free
+
 KEY = "rebound:action-1"
 LONG = "echo start restart=${SLURM_RESTART_COUNT:-0} step=${REBOUND_RESUME_STEP:-none}; sleep 300"
 
