@@ -334,6 +334,9 @@ class LedgerSnapshot(models.Model):
     revision = models.BigIntegerField()
     figures = models.JSONField()
     computed_at = models.DateTimeField(auto_now=True)
+    # The latest revision whose ledger the apps were told of (`ledger_refreshed`): a
+    # reader that stored the current figures first told no one.
+    announced_revision = models.BigIntegerField(default=0)
 
     def __str__(self):
         return f"ledger of {self.job_id} at r{self.revision}"

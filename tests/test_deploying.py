@@ -30,6 +30,7 @@ from tests.processes import (
 pytestmark = [
     pytest.mark.django_db(transaction=True),  # its processes read the test database
     pytest.mark.timeout(300),
+    pytest.mark.engine_free,  # the deployment runs on PostgreSQL: CI's first pass has it
 ]
 
 MARKER = "<!-- tests/test_deploying.py runs the next block -->"

@@ -19,13 +19,13 @@ def ledger_snapshot_refresh(*, job: TrainingJob) -> bool:
     """Recompute the job's cumulative ledger unless the snapshot is current; tell
     the apps that derive figures from it. Returns whether it recomputed."""
     job.refresh_from_db(fields=["revision", "last_event_ts"])
-    current = LedgerSnapshot.objects.filter(job=job).values_list("revision", flat=True).first()
-    if current == job.revision:
-        return False
+    told = LedgerSnapshot.objects.filter(job=job).values_list("announced_revision", flat=True)
+    if told.first() == job.revision:
+        return False  # current, and announced (a reader's snapshot is not)
     revision = job.revision  # read before the history: a newer ingest makes it stale again
     steps = load_steps(job.id)
     ledger = compute_ledger(job.key, load_lifecycle(job.id), steps, last_event_ts=job.last_event_ts)
-    _snapshot_store(job=job, revision=revision, figures=ledger.as_dict())
+    _snapshot_store(job=job, revision=revision, figures=ledger.as_dict(), announced=True)
     for receiver, result in ledger_refreshed.send_robust(
         sender=TrainingJob, job=job, ledger=ledger, steps=steps
     ):
@@ -60,12 +60,15 @@ def job_goodput(
     return selectors.job_goodput(job=job, start=start, end=end, allow_stale=allow_stale)
 
 
-def _snapshot_store(*, job: TrainingJob, revision: int, figures: dict) -> LedgerSnapshot:
+def _snapshot_store(
+    *, job: TrainingJob, revision: int, figures: dict, announced: bool = False
+) -> LedgerSnapshot:
+    defaults = {"revision": revision, "figures": figures}
+    if announced:
+        defaults["announced_revision"] = revision
     try:
         with transaction.atomic():
-            snapshot, _ = LedgerSnapshot.objects.update_or_create(
-                job=job, defaults={"revision": revision, "figures": figures}
-            )
+            snapshot, _ = LedgerSnapshot.objects.update_or_create(job=job, defaults=defaults)
     except IntegrityError:  # a concurrent reader stored the same figures first
         snapshot = LedgerSnapshot(job=job, revision=revision, figures=figures)
     job.ledger = snapshot

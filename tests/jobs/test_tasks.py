@@ -7,6 +7,8 @@ from django.db import connection
 
 from console.celery import app
 from jobs.models import LedgerSnapshot, TrainingJob
+from jobs.services import ledger_snapshot_ensure
+from jobs.signals import ledger_refreshed
 from jobs.tasks import ledger_snapshot_refresh
 from tests.processes import celery_worker
 
@@ -39,6 +41,31 @@ def test_ledger_refresh_twice_stores_one_snapshot(ingest):
     assert LedgerSnapshot.objects.count() == 1
     assert (again.revision, again.figures) == (first.revision, first.figures)
     assert first.figures["categories"]["productive"] == pytest.approx(1.0)
+
+
+@pytest.mark.django_db
+def test_a_readers_snapshot_does_not_keep_the_refresh_from_telling_the_apps(ingest):
+    """A reader that computed the current ledger first (the goodput API) told no one:
+    the worker's refresh still sends `ledger_refreshed`, which brings the incidents'
+    figures up to date; once told, a refresh at the same revision sends nothing."""
+    told = []
+
+    def heard(sender, job, **kwargs):
+        told.append(job.revision)
+
+    ledger_refreshed.connect(heard)
+    try:
+        ingest(events())
+        job = TrainingJob.objects.get(key="j1")
+        ledger_snapshot_ensure(job=job)
+        assert LedgerSnapshot.objects.get(job=job).revision == job.revision
+        ledger_snapshot_refresh(job.id)
+        assert told == [job.revision]
+        ledger_snapshot_refresh(job.id)
+        ledger_snapshot_ensure(job=job)
+        assert told == [job.revision]
+    finally:
+        ledger_refreshed.disconnect(heard)
 
 
 @pytest.mark.django_db
