@@ -6,6 +6,8 @@ worker, the COPY baseline, the report), like its siblings in bench/.
     .venv/bin/python bench/ingest.py [--events-per-batch 1000] [--batches 400]
         [--clients 4] [--workers 2] [--max-seconds 45] [--database-url postgres://...]
         [--worker [--redis-url redis://...]]
+    .venv/bin/python bench/ingest.py --mix large [--ranks 16384] [--gpus-per-node 8]
+        [--split jobs|one] [--no-copy-job-update] [--clients 4] [--batches 400] ...
 
 With --worker, a Celery worker on Redis runs what ingest hands off while the
 clients post (detection passes, ledger refreshes), as in production; it
@@ -31,6 +33,21 @@ empty once posting stopped.
    can do for the raw events alone.
 6. Prints both rates, their ratio and the targets, stops the server, deletes
    the rows and the token of this run. Exit status 0 when both targets pass.
+
+With --mix large, the stream is a large job's steady state (2,048 nodes x 8 GPUs by
+default): a step every 5 s from rank 0, a rank_window per rank every 10 steps, a
+heartbeat per node every 10 s: per step 1 step, ~1,638 windows and ~1,024
+heartbeats. `--split jobs` (the default) gives each client a job of --ranks/--clients
+ranks; `--split one` gives the clients a quarter each of one job's nodes, so their
+batches queue on that job's row lock. Its COPY baseline writes what ingest stores for
+the timed batches, one transaction per batch: the events but heartbeats in
+`jobs_event`, `jobs_steprecord`, `jobs_rankwindow`, and one `jobs_heartbeatbucket` row
+per job, node and 10 s bucket; and (unless --no-copy-job-update) one UPDATE of each
+job's summary row per transaction. Its target is the ratio alone (>= 0.5); it also
+prints the ratio of events per CPU-second, which other work on the machine moves much
+less (the rates' ratio moves when the load changes between the two phases). The
+nodes' rows are not in it (ingest moves their last heartbeat too). The tables both
+write are vacuumed first, as autovacuum would have done (a server may run without it).
 
 Everything it talks to is on 127.0.0.1.
 """
@@ -58,6 +75,7 @@ from psycopg.types.json import set_json_dumps
 
 TARGET_EVENTS_PER_S = 20_000
 TARGET_RATIO = 0.3
+TARGET_RATIO_LARGE = 0.5  # --mix large: against COPY into every table ingest writes
 RANKS = 8
 GPUS_PER_NODE = 4
 WINDOW_STEPS = 10
@@ -76,6 +94,22 @@ EVENT_TYPES = [
     "timestamptz",
 ]
 
+# --mix large: the other tables ingest writes, as COPY writes them.
+HEARTBEAT_BUCKET_S = 10  # jobs.models.HeartbeatBucket.BUCKET_S
+STEP_COLUMNS = "job_id, attempt, step, ts, loss, grad_norm, tokens, step_time_s"
+STEP_TYPES = ["int8", "int4", "int8", "float8", "float8", "float8", "int8", "float8"]
+WINDOW_COLUMNS = (
+    "job_id, attempt, rank, node_id, first_step, last_step, ts,"
+    " compute_s, step_s, comm_wait_s, data_wait_s"
+)
+WINDOW_TYPES = ["int8", "int4", "int4", "int8", "int8", "int8"] + ["float8"] * 5
+BUCKET_COLUMNS = "job_id, node, bucket, first_ts, last_ts"
+BUCKET_TYPES = ["int8", "varchar", "int8", "float8", "float8"]
+JOB_UPDATE = (
+    "UPDATE jobs_trainingjob SET first_event_ts = LEAST(first_event_ts, %s),"
+    " last_event_ts = GREATEST(last_event_ts, %s), events_count = events_count + %s,"
+    " revision = revision + 1, last_received_at = %s WHERE id = %s"
+)
 
 # --- the events ----------------------------------------------------------------
 
@@ -183,6 +217,133 @@ class JobStream:
                     },
                 )
             )
+
+    def batch(self, size: int) -> list[dict]:
+        if not self._started:
+            self._started = True
+            self._start()
+        while len(self.pending) < size:
+            self._advance()
+        out, self.pending = self.pending[:size], self.pending[size:]
+        return out
+
+
+class LargeJobStream:
+    """A large job's steady stream, in the proportions of --mix large: rank 0 reports a
+    step every STEP_S seconds, every rank a rank_window every WINDOW_STEPS steps (all
+    ranks at the same step, as the reporter's windows end together), every node a
+    heartbeat every HEARTBEAT_S seconds, the nodes' phases spread over that period.
+
+    `nodes` and `ranks` may be a slice of the job (first node, count): the share of one
+    client when several post one job's stream. Only the slice holding rank 0 reports
+    the steps and the start; ids stay unique across slices."""
+
+    STEP_S = 5.0
+    HEARTBEAT_S = 10.0
+
+    def __init__(
+        self,
+        key: str,
+        node_prefix: str,
+        seed: int,
+        *,
+        world: int,
+        gpus_per_node: int,
+        first_node: int = 0,
+        node_count: int | None = None,
+    ):
+        self.key = key
+        self.rng = random.Random(seed)
+        self.world = world
+        self.gpus_per_node = gpus_per_node
+        all_nodes = world // gpus_per_node
+        self.node_names = [f"{node_prefix}-{n:05d}" for n in range(all_nodes)]
+        count = all_nodes - first_node if node_count is None else node_count
+        self.mine = range(first_node, first_node + count)  # the nodes this slice reports
+        self.leader = first_node == 0
+        self.attempt = 1
+        self.seq = 0
+        self.step = 0
+        self.t0 = 1_790_000_000.0 + self.rng.uniform(0, 3600)
+        self.ts = self.t0
+        self.loss = 3.0
+        self.pending: list[dict] = []
+        self._started = False
+        self.tag = f"s{first_node}"
+
+    def _event(self, kind: str, ts: float, data: dict, **where) -> dict:
+        self.seq += 1
+        ev = {
+            "id": f"{self.key}-a{self.attempt}-{self.tag}-{self.seq:09d}",
+            "job": self.key,
+            "kind": kind,
+            "ts": round(ts, 6),
+            "attempt": self.attempt,
+            "data": data,
+        }
+        ev.update(where)
+        return ev
+
+    def _start(self) -> None:
+        if self.leader:
+            data = {
+                "world_size": self.world,
+                "gpus_per_node": self.gpus_per_node,
+                "nodes": self.node_names,
+            }
+            self.pending.append(self._event("attempt_started", self.ts, data))
+            self.pending.append(self._event("ready", self.ts + 30.0, {}))
+        self.ts += 30.0
+        self.train_start = self.ts
+
+    def _advance(self) -> None:
+        rng = self.rng
+        self.step += 1
+        prev = self.ts
+        step_time = self.STEP_S + rng.gauss(0, 0.01)
+        self.ts += step_time
+        self.loss = max(0.5, self.loss * 0.9995 + rng.gauss(0, 0.005))
+        if self.leader:
+            data = {
+                "step": self.step,
+                "loss": round(self.loss, 5),
+                "grad_norm": round(rng.uniform(0.5, 2.0), 4),
+                "tokens": 4_194_304 * self.world // 8,
+                "step_time_s": round(step_time, 6),
+            }
+            self.pending.append(self._event("step", self.ts, data, rank=0))
+        if self.step % WINDOW_STEPS == 0:
+            step_s = round(rng.gauss(self.STEP_S, 0.01), 6)
+            gpn = self.gpus_per_node
+            for n in self.mine:
+                node = self.node_names[n]
+                for rank in range(n * gpn, (n + 1) * gpn):
+                    compute = round(step_s * rng.uniform(0.78, 0.82), 6)
+                    data = {
+                        "first_step": self.step - WINDOW_STEPS + 1,
+                        "last_step": self.step,
+                        "compute_s": compute,
+                        "step_s": step_s,
+                        "comm_wait_s": round(step_s - compute - 0.01, 6),
+                        "data_wait_s": 0.01,
+                    }
+                    self.pending.append(
+                        self._event("rank_window", self.ts, data, node=node, rank=rank)
+                    )
+        # The heartbeats of (prev, ts]: node n beats at train_start + phase(n) + k * period.
+        period, nodes = self.HEARTBEAT_S, len(self.node_names)
+        beats = []
+        for n in self.mine:
+            phase = period * n / nodes
+            k = math.floor((prev - self.train_start - phase) / period) + 1
+            t = self.train_start + phase + k * period
+            while t <= self.ts:
+                beats.append((t, n))
+                t += period
+        for t, n in sorted(beats):
+            hb = self._event("heartbeat", t, {}, node=self.node_names[n])
+            del hb["attempt"]  # heartbeats come from the node agent, not the launch
+            self.pending.append(hb)
 
     def batch(self, size: int) -> list[dict]:
         if not self._started:
@@ -390,6 +551,103 @@ def event_rows(events: list[dict], job_ids: dict[str, int], now: datetime) -> li
     ]
 
 
+def copy_all_tables(
+    url: str,
+    batches: list[list[dict]],
+    job_ids: dict[str, int],
+    node_ids: dict[str, int],
+    now: datetime,
+    *,
+    job_update: bool,
+) -> tuple[float, float]:
+    """Seconds to COPY what ingest stores for `batches`, one transaction per batch:
+    jobs_event (all but heartbeats), jobs_steprecord, jobs_rankwindow and
+    jobs_heartbeatbucket rows (one per job, node and bucket, in the batch of the bucket's
+    first heartbeat), binary, on one connection; with `job_update`, each transaction also
+    moves its jobs' summary row on (one UPDATE per job), as ingest does. Also the CPU
+    seconds it took: this process's and its PostgreSQL backend's."""
+    size = HEARTBEAT_BUCKET_S
+    buckets: dict[tuple, list] = {}  # (job, node, bucket) -> [first_ts, last_ts, batch]
+    for i, batch in enumerate(batches):
+        for e in batch:
+            if e["kind"] == "heartbeat":
+                key = (job_ids[e["job"]], e["node"], int(e["ts"] // size))
+                span = buckets.setdefault(key, [e["ts"], e["ts"], i])
+                span[0], span[1] = min(span[0], e["ts"]), max(span[1], e["ts"])
+    bucket_rows: list[list[tuple]] = [[] for _ in batches]
+    for (job, node, bucket), (lo, hi, i) in buckets.items():
+        bucket_rows[i].append((job, node, bucket, lo, hi))
+    tables = []  # (batch's events, rows) per table, prepared before the clock starts
+    for i, batch in enumerate(batches):
+        stored = [e for e in batch if e["kind"] != "heartbeat"]
+        steps = [
+            (
+                job_ids[e["job"]],
+                e["attempt"],
+                e["data"]["step"],
+                float(e["ts"]),
+                e["data"].get("loss"),
+                e["data"].get("grad_norm"),
+                e["data"].get("tokens"),
+                e["data"].get("step_time_s"),
+            )
+            for e in stored
+            if e["kind"] == "step"
+        ]
+        windows = [
+            (
+                job_ids[e["job"]],
+                e["attempt"],
+                e["rank"],
+                node_ids[e["node"]],
+                e["data"]["first_step"],
+                e["data"]["last_step"],
+                float(e["ts"]),
+                e["data"]["compute_s"],
+                e["data"]["step_s"],
+                e["data"].get("comm_wait_s"),
+                e["data"].get("data_wait_s"),
+            )
+            for e in stored
+            if e["kind"] == "rank_window"
+        ]
+        summary = {}
+        for e in stored:
+            s = summary.setdefault(job_ids[e["job"]], [e["ts"], e["ts"], 0])
+            s[0], s[1], s[2] = min(s[0], e["ts"]), max(s[1], e["ts"]), s[2] + 1
+        for e in batch:
+            if e["kind"] == "heartbeat":
+                s = summary.setdefault(job_ids[e["job"]], [e["ts"], e["ts"], 0])
+                s[0], s[1] = min(s[0], e["ts"]), max(s[1], e["ts"])
+        tables.append((event_rows(stored, job_ids, now), steps, windows, bucket_rows[i], summary))
+    copies = [
+        (f"COPY jobs_event ({EVENT_COLUMNS})", EVENT_TYPES),
+        (f"COPY jobs_steprecord ({STEP_COLUMNS})", STEP_TYPES),
+        (f"COPY jobs_rankwindow ({WINDOW_COLUMNS})", WINDOW_TYPES),
+        (f"COPY jobs_heartbeatbucket ({BUCKET_COLUMNS})", BUCKET_TYPES),
+    ]
+    with pg_connect(url) as conn:
+        set_json_dumps(orjson.dumps, context=conn)
+        cur = conn.cursor()
+        backend = conn.info.backend_pid
+        cpu0 = time.process_time() + process_cpu(backend)
+        t0 = time.perf_counter()
+        for *per_table, summary in tables:
+            with conn.transaction():
+                for (sql, types), rows in zip(copies, per_table, strict=True):
+                    if not rows:
+                        continue
+                    with cur.copy(sql + " FROM STDIN (FORMAT BINARY)") as cp:
+                        cp.set_types(types)
+                        for row in rows:
+                            cp.write_row(row)
+                if job_update:
+                    for job, (lo, hi, n) in sorted(summary.items()):
+                        cur.execute(JOB_UPDATE, [lo, hi, n, now, job])
+        seconds = time.perf_counter() - t0
+        return seconds, time.process_time() + process_cpu(backend) - cpu0
+
+
 # --- where the CPU went ------------------------------------------------------------
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -488,8 +746,35 @@ def main() -> int:
         help="run a Celery worker (Redis) doing the ingest's detection and ledger work meanwhile",
     )
     p.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    p.add_argument(
+        "--mix",
+        choices=["small", "large"],
+        default="small",
+        help="small: 8-rank jobs, COPY into jobs_event alone (the default); large: one"
+        " large job's steady stream (--ranks, --gpus-per-node), COPY into every table"
+        " ingest writes",
+    )
+    p.add_argument("--ranks", type=int, default=16384, help="--mix large: the world size")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="--mix large")
+    p.add_argument(
+        "--split",
+        choices=["one", "jobs"],
+        default="jobs",
+        help="--mix large: one job whose nodes are shared out among the clients (their"
+        " batches queue on the job's row lock), or one job per client of --ranks/--clients"
+        " ranks each",
+    )
+    p.add_argument(
+        "--copy-job-update",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="--mix large: the COPY baseline moves its jobs' summary row once per"
+        " transaction, as ingest does",
+    )
     args = p.parse_args()
     size = args.events_per_batch
+    if args.mix == "large":
+        return main_large(args)
 
     setup_django(args.database_url)
     from django.db import connection
@@ -620,6 +905,201 @@ def main() -> int:
         if not args.keep:
             t = time.perf_counter()
             TrainingJob.objects.filter(key__startswith=prefix).delete()
+            print(f"deleted this run's rows in {time.perf_counter() - t:.1f} s")
+
+
+def large_plans(args, prefix: str, node_prefix: str) -> tuple[list, int, str]:
+    """Each client's warm-up and timed batches of --mix large; the number of jobs and
+    what they are, in words."""
+    clients, size = args.clients, args.events_per_batch
+    gpn = args.gpus_per_node
+    if args.split == "one":
+        nodes = args.ranks // gpn
+        share = math.ceil(nodes / clients)
+        streams = [
+            LargeJobStream(
+                f"{prefix}00",
+                node_prefix,
+                seed=1,
+                world=args.ranks,
+                gpus_per_node=gpn,
+                first_node=c * share,
+                node_count=min(share, nodes - c * share),
+            )
+            for c in range(clients)
+        ]
+        what = f"1 job of {args.ranks} ranks, {share} of its {nodes} nodes per client"
+        n_jobs = 1
+    else:
+        world = args.ranks // clients
+        streams = [
+            LargeJobStream(
+                f"{prefix}{c:02d}", f"{node_prefix}{c}", seed=c, world=world, gpus_per_node=gpn
+            )
+            for c in range(clients)
+        ]
+        what = f"{clients} jobs of {world} ranks, one per client"
+        n_jobs = clients
+    per_client = math.ceil(args.batches / clients)
+    plans = []
+    for stream in streams:
+        phases = []
+        for count in (args.warmup, per_client):
+            batches = [stream.batch(size) for _ in range(count)]
+            phases.append([(orjson.dumps({"events": b}), b) for b in batches])
+        plans.append(phases)
+    return plans, n_jobs, what
+
+
+INGEST_TABLES = [
+    "jobs_trainingjob",
+    "jobs_node",
+    "jobs_attempt",
+    "jobs_event",
+    "jobs_steprecord",
+    "jobs_rankwindow",
+    "jobs_heartbeatbucket",
+    "common_outboxentry",
+]
+
+
+def vacuum(url: str) -> None:
+    """What autovacuum would have done (a server may run with it off): earlier runs'
+    deleted rows and rewritten node rows out of the way of both contestants."""
+    with pg_connect(url, autocommit=True) as conn:
+        conn.execute(f"VACUUM (ANALYZE) {', '.join(INGEST_TABLES)}")
+
+
+def main_large(args) -> int:
+    """--mix large: the API against COPY into every table ingest writes, in one run."""
+    size = args.events_per_batch
+    setup_django(args.database_url)
+    from django.db import connection
+
+    from console.services import token_issue
+    from jobs.models import Node, TrainingJob
+
+    api_token, token = token_issue(scope="ingest", cluster_name="bench", name="bench-ingest")
+    run = uuid.uuid4().hex[:8]
+    prefix = f"bench-{run}-"
+    node_prefix = f"lg{run}"  # this run's nodes: new, as a new job's are, and deleted after
+
+    t = time.perf_counter()
+    vacuum(args.database_url)
+    plans, n_jobs, what = large_plans(args, prefix, node_prefix)
+    print(
+        f"generated {sum(len(pc[1]) for pc in plans)} timed batches of {size} events ({what})"
+        f" + {args.warmup * args.clients} warm-up batches in {time.perf_counter() - t:.1f} s"
+    )
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    var_dir = tempfile.mkdtemp(prefix="rebound-bench-")
+    connection.close()
+    server = start_server(args.database_url, args.workers, port, var_dir)
+    clients: list[Client] = []
+    try:
+        try:
+            wait_ready(server, base)
+            ready = threading.Barrier(args.clients + 1)
+            go = threading.Barrier(args.clients + 1)
+            clients = [
+                Client(base + "/api/v1/ingest", token, warm, timed, ready, go)
+                for warm, timed in plans
+            ]
+            for c in clients:
+                c.start()
+            ready.wait(timeout=120)
+            meter = CpuMeter(args.database_url, server.pid)
+            cpu0 = meter.sample()
+            t0 = time.perf_counter()
+            for c in clients:
+                c.deadline = t0 + args.max_seconds
+            go.wait(timeout=10)
+            for c in clients:
+                c.join(timeout=args.max_seconds + 60)
+            api_s = time.perf_counter() - t0
+            cpu1 = meter.sample()
+        except threading.BrokenBarrierError:
+            broken = "the clients' warm-up did not finish in time"
+        else:
+            broken = None
+        finally:
+            stop_server(server)
+            shutil.rmtree(var_dir, ignore_errors=True)
+        errors = [c.error for c in clients if c.error] + [
+            "a client did not finish" for c in clients if c.is_alive()
+        ]
+        if errors or broken:
+            print("FAILED: " + "; ".join(errors or [broken]))
+            return 1
+        timed = [batch for c in clients for _, batch in c.timed[: c.posted]]
+        n_events = sum(map(len, timed))
+        kinds: dict[str, int] = {}
+        for batch in timed:
+            for e in batch:
+                kinds[e["kind"]] = kinds.get(e["kind"], 0) + 1
+        print("mix: " + ", ".join(f"{k} {v / n_events:.2%}" for k, v in sorted(kinds.items())))
+        api_rate = n_events / api_s
+        lat = sorted(x for c in clients for x in c.latencies)
+        print(
+            f"API:  {n_events} events in {api_s:.2f} s = {api_rate:,.0f} events/s"
+            f"  ({args.clients} clients, {args.workers} workers;"
+            f" latency p50 {statistics.median(lat) * 1000:.0f} ms,"
+            f" p95 {lat[int(len(lat) * 0.95)] * 1000:.0f} ms)"
+        )
+        print("      " + CpuMeter.report(cpu0, cpu1, api_s, n_events))
+
+        # The same rows for fresh jobs (nothing conflicts with what the API stored), on the
+        # nodes the API created: the batches the API was timed on, one transaction each.
+        bench_cluster = TrainingJob.objects.get(key=f"{prefix}00").cluster
+        copy_jobs = TrainingJob.objects.bulk_create(
+            [TrainingJob(key=f"{prefix}copy-{i:02d}", cluster=bench_cluster) for i in range(n_jobs)]
+        )
+        job_ids = {f"{prefix}{i:02d}": j.id for i, j in enumerate(copy_jobs)}
+        node_ids = dict(
+            Node.objects.filter(cluster=bench_cluster, name__startswith=node_prefix).values_list(
+                "name", "id"
+            )
+        )
+        connection.close()
+        copy_s, copy_cpu = copy_all_tables(
+            args.database_url,
+            timed,
+            job_ids,
+            node_ids,
+            datetime.now(tz=UTC),
+            job_update=args.copy_job_update,
+        )
+        copy_rate = n_events / copy_s
+        print(
+            f"COPY: {n_events} events in {copy_s:.2f} s = {copy_rate:,.0f} events/s"
+            f" (jobs_event, jobs_steprecord, jobs_rankwindow, jobs_heartbeatbucket, binary;"
+            f" {len(timed)} transactions on 1 connection;"
+            f" job summary row {'updated' if args.copy_job_update else 'not updated'}"
+            " once per transaction)"
+        )
+        # Other work on the cores moves the rates, not what an event costs: the ratio of
+        # events per CPU-second (the server's workers and their backends, against COPY's
+        # client and backend) says the same without it.
+        api_cpu = sum(cpu1[k] - cpu0[k] for k in ("workers", "postgres"))
+        print(
+            f"      COPY's CPU per 1,000 events: {copy_cpu * 1e6 / n_events:.0f} ms"
+            f" (client and its postgres), the API's {api_cpu * 1e6 / n_events:.0f} ms"
+            f" (workers and their postgres): ratio of events per CPU-second"
+            f" {copy_cpu / api_cpu:.2f}"
+        )
+        ratio = api_rate / copy_rate
+        ok = ratio >= TARGET_RATIO_LARGE
+        print(f"ratio API/COPY: {ratio:.2f}")
+        print(f"target ratio >= {TARGET_RATIO_LARGE}: {verdict(ok)} ({ratio:.2f})")
+        return 0 if ok else 2
+    finally:
+        api_token.delete()
+        if not args.keep:
+            t = time.perf_counter()
+            TrainingJob.objects.filter(key__startswith=prefix).delete()
+            Node.objects.filter(name__startswith=node_prefix).delete()
             print(f"deleted this run's rows in {time.perf_counter() - t:.1f} s")
 
 

@@ -22,6 +22,7 @@ from common.errors import PermissionDenied
 from common.time import dt
 from common.vocabulary import UNSTORED_KINDS
 from jobs.bulk import (
+    ids_by,
     insert_ignoring_conflicts,
     insert_new,
     update_rows,
@@ -88,14 +89,17 @@ class IngestResult:
 
 
 def _lock_jobs(*, cluster: Cluster, keys: set[str]) -> dict[str, TrainingJob]:
-    """The batch's jobs, created on the token's cluster when new, locked for this transaction."""
-    TrainingJob.objects.bulk_create(
-        [TrainingJob(key=k, cluster=cluster) for k in sorted(keys)], ignore_conflicts=True
-    )
-    jobs = {
-        j.key: j
-        for j in TrainingJob.objects.select_for_update().filter(key__in=keys).order_by("id")
-    }
+    """The batch's jobs, created on the token's cluster when new, locked for this transaction.
+
+    Every write of a job's stream rows (events, steps, rank windows) happens under this
+    lock, so what is stored for these jobs cannot change until the transaction ends."""
+    locked = TrainingJob.objects.select_for_update().filter(key__in=keys).order_by("id")
+    jobs = {j.key: j for j in locked}
+    if len(jobs) < len(keys):  # new jobs: created, then all of them locked again, in order
+        TrainingJob.objects.bulk_create(
+            [TrainingJob(key=k, cluster=cluster) for k in sorted(keys)], ignore_conflicts=True
+        )
+        jobs = {j.key: j for j in locked.all()}
     foreign = sorted(k for k, j in jobs.items() if j.cluster_id != cluster.id)
     if foreign:
         raise JobsOfAnotherCluster(cluster=cluster.name, keys=foreign)
@@ -137,6 +141,7 @@ def _insert_events(jobs: dict[str, TrainingJob], events: list[WireEvent], now) -
             [now] * len(batch),
         ],
         key=("job", "client_id"),
+        locked=True,  # the jobs' rows: no other transaction stores their events meanwhile
     )
     if len(inserted) == len(batch):
         return batch + unstored
@@ -147,9 +152,7 @@ def _ensure_nodes(cluster_id: int, names: set[str]) -> dict[str, int]:
     """Node ids by name, creating the missing ones: one query when all are known."""
     if not names:
         return {}
-    found = dict(
-        Node.objects.filter(cluster_id=cluster_id, name__in=names).values_list("name", "id")
-    )
+    found = ids_by(Node, "name", sorted(names), cluster_id=cluster_id)
     if len(found) < len(names):
         Node.objects.bulk_create(
             [
@@ -158,9 +161,7 @@ def _ensure_nodes(cluster_id: int, names: set[str]) -> dict[str, int]:
             ],
             ignore_conflicts=True,
         )
-        found = dict(
-            Node.objects.filter(cluster_id=cluster_id, name__in=names).values_list("name", "id")
-        )
+        found = ids_by(Node, "name", sorted(names), cluster_id=cluster_id)
     return found
 
 
@@ -192,8 +193,12 @@ def _project(cluster: Cluster, jobs: dict[str, TrainingJob], fresh: list[WireEve
     """What the new events add to steps, rank windows, nodes, attempts, checkpoints, jobs."""
     job_id = {k: j.id for k, j in jobs.items()}
 
-    steps = [e for e in fresh if e.kind == "step"]
-    windows = _windows_not_rolled_up(jobs, [e for e in fresh if e.kind == "rank_window"])
+    # One row per key, the first in the batch (as ON CONFLICT would keep): the inserts
+    # below look the keys up, under the jobs' locks, rather than arbitrate conflicts.
+    steps = _first_per_key(e for e in fresh if e.kind == "step")
+    windows = _windows_not_rolled_up(
+        jobs, _first_per_key(e for e in fresh if e.kind == "rank_window")
+    )
     lifecycle = [e for e in fresh if e.kind in Event.TIMELINE_KINDS]
     heartbeats = [e for e in fresh if e.kind == "heartbeat"]
 
@@ -217,6 +222,7 @@ def _project(cluster: Cluster, jobs: dict[str, TrainingJob], fresh: list[WireEve
                 [e.data.get("tokens") for e in steps],
                 [as_float(e.data.get("step_time_s")) for e in steps],
             ],
+            locked_key=("job", "attempt", "step"),
         )
     if windows:
         insert_ignoring_conflicts(
@@ -235,10 +241,25 @@ def _project(cluster: Cluster, jobs: dict[str, TrainingJob], fresh: list[WireEve
                 [as_float(e.data.get("comm_wait_s")) for e in windows],
                 [as_float(e.data.get("data_wait_s")) for e in windows],
             ],
+            locked_key=("job", "attempt", "rank", "first_step"),
         )
     _record_heartbeats(node_ids, heartbeats, job_id, now)
     attempts = _project_lifecycle(jobs, fresh, lifecycle, node_ids)
     _update_jobs(jobs, fresh, lifecycle, attempts, now)
+
+
+def _first_per_key(events) -> list[WireEvent]:
+    """Steps or rank windows, the first of each launch's step or rank's window, in order."""
+    firsts: dict[tuple, WireEvent] = {}
+    for e in events:
+        d = e.data
+        key = (
+            (e.job, e.attempt, d["step"])
+            if e.kind == "step"
+            else (e.job, e.attempt, e.rank, d["first_step"])
+        )
+        firsts.setdefault(key, e)
+    return list(firsts.values())
 
 
 def _windows_not_rolled_up(jobs, windows: list[WireEvent]) -> list[WireEvent]:

@@ -108,6 +108,23 @@ def test_duplicates_inside_one_batch_count_once(ingest):
     assert Event.objects.count() == 7  # and the heartbeat in its bucket
 
 
+def test_a_step_or_window_resent_under_another_id_is_projected_once(ingest):
+    """Stored as events (their ids are new), projected once: the first one wins, in the
+    batch and across batches."""
+    ingest(launch())
+    window = dict(
+        launch()[6],
+        id="w2",
+        data={"first_step": 1, "last_step": 2, "compute_s": 0.5, "step_s": 1.0},
+    )
+    again = [ev(31, "step", 11, step=1, loss=9.0), window, dict(window, id="w3")]
+    r = ingest(again + [ev(32, "step", 16, step=3, loss=2.3), ev(33, "step", 17, step=3, loss=7.0)])
+    assert r.json() == {"accepted": 5, "duplicates": 0}
+    assert dict(StepRecord.objects.values_list("step", "loss")) == {1: 2.5, 2: 2.4, 3: 2.3}
+    assert list(RankWindow.objects.values_list("rank", "compute_s")) == [(5, 0.8)]
+    assert Event.objects.count() == 12
+
+
 def test_partial_resend_counts_new_and_old(ingest):
     events = launch()
     ingest(events[:4])
