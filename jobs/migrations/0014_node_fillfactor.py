@@ -19,7 +19,7 @@ def fill_up(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("jobs", "0010_stream_upkeep"),
+        ("jobs", "0013_ledger_announced_revision"),
     ]
 
     operations = [migrations.RunPython(leave_room, fill_up)]
