@@ -9,7 +9,7 @@ import pytest
 import agent
 from agent.launch_env import EXIT_REFUSED, read_state
 from console.services import token_issue
-from jobs.models import Attempt, Event, LaunchReservation
+from jobs.models import Attempt, Event, HeartbeatBucket, LaunchReservation
 from tests.agent.test_launch_env import Console
 
 JOB = "auto-one"
@@ -65,13 +65,29 @@ def test_one_call_reports_the_launch_by_itself(live_server, tmp_path):
     )
     # stamped at the process's start: before this test made the Instrument
     assert start.ts < events.get(kind="ready").ts
-    assert events.filter(kind="heartbeat").exists()
+    assert HeartbeatBucket.objects.filter(job__key=JOB, node="box1").exists()  # heartbeats came
     launch = Attempt.objects.get(job__key=JOB, number=1)
     assert launch.end_reason == "completed"
     assert read_state(str(tmp_path / "state")) == {
         "job": JOB, "attempt": 1, "launch": identity, "ready": True, "ended": True,
         "reports": True,
     }  # fmt: skip
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("local_rank", "beats"), [("0", True), ("1", False)])
+def test_a_nodes_heartbeats_come_from_its_local_rank_0_alone(
+    live_server, tmp_path, local_rank, beats
+):
+    _, token = token_issue(scope="ingest", cluster_name="east")
+    environ = _environ(live_server.url, token, tmp_path, LOCAL_RANK=local_rank)
+    inst = agent.init(environ=environ, reporter_options={"spill_path": tmp_path / "s", **FAST})
+    try:
+        assert (inst.heartbeat is not None) is beats
+        time.sleep(0.3)
+    finally:
+        inst.finish()
+    assert HeartbeatBucket.objects.filter(job__key=JOB).exists() is beats
 
 
 @pytest.mark.django_db(transaction=True)
