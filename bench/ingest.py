@@ -128,11 +128,12 @@ class JobStream:
         self.loss = 3.0
         self.pending: list[dict] = []
         self._started = False
+        self.tag = ""  # in the ids: several streams of one job (LargeJobStream) differ
 
     def _event(self, kind: str, ts: float, data: dict, **where) -> dict:
         self.seq += 1
         ev = {
-            "id": f"{self.key}-a{self.attempt}-{self.seq:09d}",
+            "id": f"{self.key}-a{self.attempt}{self.tag}-{self.seq:09d}",
             "job": self.key,
             "kind": kind,
             "ts": round(ts, 6),
@@ -228,7 +229,7 @@ class JobStream:
         return out
 
 
-class LargeJobStream:
+class LargeJobStream(JobStream):
     """A large job's steady stream, in the proportions of --mix large: rank 0 reports a
     step every STEP_S seconds, every rank a rank_window every WINDOW_STEPS steps (all
     ranks at the same step, as the reporter's windows end together), every node a
@@ -269,20 +270,7 @@ class LargeJobStream:
         self.loss = 3.0
         self.pending: list[dict] = []
         self._started = False
-        self.tag = f"s{first_node}"
-
-    def _event(self, kind: str, ts: float, data: dict, **where) -> dict:
-        self.seq += 1
-        ev = {
-            "id": f"{self.key}-a{self.attempt}-{self.tag}-{self.seq:09d}",
-            "job": self.key,
-            "kind": kind,
-            "ts": round(ts, 6),
-            "attempt": self.attempt,
-            "data": data,
-        }
-        ev.update(where)
-        return ev
+        self.tag = f"-s{first_node}"
 
     def _start(self) -> None:
         if self.leader:
@@ -344,15 +332,6 @@ class LargeJobStream:
             hb = self._event("heartbeat", t, {}, node=self.node_names[n])
             del hb["attempt"]  # heartbeats come from the node agent, not the launch
             self.pending.append(hb)
-
-    def batch(self, size: int) -> list[dict]:
-        if not self._started:
-            self._started = True
-            self._start()
-        while len(self.pending) < size:
-            self._advance()
-        out, self.pending = self.pending[:size], self.pending[size:]
-        return out
 
 
 # --- the server ----------------------------------------------------------------

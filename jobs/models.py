@@ -228,12 +228,27 @@ class StepRecord(models.Model):
         return f"{self.job_id}#{self.attempt} step {self.step}"
 
 
-class RankWindow(models.Model):
+class WindowFields(models.Model):
+    """A rank's means over a window of steps of one launch (the wire's `rank_window`)."""
+
+    attempt = models.PositiveIntegerField()
+    rank = models.IntegerField()
+    first_step = models.BigIntegerField()
+    last_step = models.BigIntegerField()
+    ts = models.FloatField()
+    compute_s = models.FloatField()
+    step_s = models.FloatField()
+    comm_wait_s = models.FloatField(null=True, blank=True)
+    data_wait_s = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class RankWindow(WindowFields):
     """Per-rank means over a window of steps: where stragglers show."""
 
     job = models.ForeignKey(TrainingJob, related_name="rank_windows", **STREAM_FK)
-    attempt = models.PositiveIntegerField()
-    rank = models.IntegerField()
     node = models.ForeignKey(
         Node,
         on_delete=models.SET_NULL,
@@ -243,13 +258,6 @@ class RankWindow(models.Model):
         db_constraint=False,
         db_index=False,
     )
-    first_step = models.BigIntegerField()
-    last_step = models.BigIntegerField()
-    ts = models.FloatField()
-    compute_s = models.FloatField()
-    step_s = models.FloatField()
-    comm_wait_s = models.FloatField(null=True, blank=True)
-    data_wait_s = models.FloatField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -379,12 +387,10 @@ class RankWindowHour(models.Model):
         return f"{self.job_id}#{self.attempt} node {self.node_id} hour {self.hour}"
 
 
-class EvidenceWindow(models.Model):
+class EvidenceWindow(WindowFields):
     """A rank window an incident names as evidence, kept when the raw windows go."""
 
     job = models.ForeignKey(TrainingJob, related_name="evidence_windows", **STREAM_FK)
-    attempt = models.PositiveIntegerField()
-    rank = models.IntegerField()
     node = models.ForeignKey(
         Node,
         on_delete=models.SET_NULL,
@@ -394,13 +400,6 @@ class EvidenceWindow(models.Model):
         db_constraint=False,
         db_index=False,
     )
-    first_step = models.BigIntegerField()
-    last_step = models.BigIntegerField()
-    ts = models.FloatField()
-    compute_s = models.FloatField()
-    step_s = models.FloatField()
-    comm_wait_s = models.FloatField(null=True, blank=True)
-    data_wait_s = models.FloatField(null=True, blank=True)
 
     class Meta:
         constraints = [
