@@ -1,10 +1,12 @@
 """Storage upkeep of the stream tables: what each keeps, and for how long (README,
 "Storage").
 
-- Heartbeats are never stored raw: ingest folds them into HeartbeatBucket rows.
-  Buckets older than REBOUND_KEEP_HEARTBEAT_BUCKETS_S (job clock) are merged into
-  spans: a node's consecutive buckets no further apart than a gap (never more than the
-  dead-node timeout) become one row, so every longer silence stays exactly as it was.
+- Plain heartbeats (no data) are never stored raw: ingest folds them into
+  HeartbeatBucket rows. Buckets older than REBOUND_KEEP_HEARTBEAT_BUCKETS_S (job clock)
+  are merged into spans: a node's consecutive buckets no further apart than a gap
+  (never more than the dead-node timeout) become one row, so every longer silence stays
+  exactly as it was. On PostgreSQL an hour's partition of buckets is replaced by its
+  spans (jobs.partitions); elsewhere the merged buckets are deleted.
 - Rank windows stay raw for REBOUND_KEEP_RANK_WINDOWS_S (job clock), then are rolled up
   per launch, node and hour (RankWindowHour); the windows an incident names as
   evidence are copied to EvidenceWindow first. On PostgreSQL the raw windows then go
