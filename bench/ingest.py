@@ -66,11 +66,12 @@ import tempfile
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import orjson
 import requests
-from harness import DEFAULT_DATABASE_URL, ROOT, pg_connect, setup_django, verdict
+from harness import DEFAULT_DATABASE_URL, ROOT, BenchError, pg_connect, setup_django, verdict
 from psycopg.types.json import set_json_dumps
 
 TARGET_EVENTS_PER_S = 20_000
@@ -704,6 +705,87 @@ class CpuMeter:
 # --- main ------------------------------------------------------------------------
 
 
+@dataclass
+class Posted:
+    """The timed run: its clients (with what they posted), how long it took, the CPU
+    samples around it, and the worker's CPU and queue drain when there was one."""
+
+    clients: list
+    seconds: float
+    cpu0: dict
+    cpu1: dict
+    worker_s: float = 0.0
+    drain_s: float = 0.0
+
+    def batches(self) -> list[list[dict]]:
+        return [batch for c in self.clients for _, batch in c.timed[: c.posted]]
+
+
+def post_timed(args, plans, token: str, var_dir: str, worker=None, ready_s=90) -> Posted:
+    """Serve the API (gunicorn on a free port) and post each plan (its warm-up, then its
+    timed batches) from a client thread of its own; BenchError when the run failed. The
+    server, and `worker` if given, are stopped after."""
+    base = f"http://127.0.0.1:{free_port()}"
+    server = start_server(args.database_url, args.workers, int(base.rsplit(":", 1)[1]), var_dir)
+    clients: list[Client] = []
+    try:
+        wait_ready(server, base)
+        ready = threading.Barrier(args.clients + 1)
+        go = threading.Barrier(args.clients + 1)
+        clients = [
+            Client(base + "/api/v1/ingest", token, warm, timed, ready, go) for warm, timed in plans
+        ]
+        for c in clients:
+            c.start()
+        ready.wait(timeout=ready_s)  # every client has had its warm-up answered
+        meter = CpuMeter(args.database_url, server.pid)
+        cpu0 = meter.sample()
+        t0 = time.perf_counter()
+        for c in clients:
+            c.deadline = t0 + args.max_seconds
+        go.wait(timeout=10)
+        worker_cpu0 = worker_cpu(worker)
+        for c in clients:
+            c.join(timeout=args.max_seconds + 60)
+        posted = Posted(clients, time.perf_counter() - t0, cpu0, meter.sample())
+        posted.worker_s = worker_cpu(worker) - worker_cpu0
+        if worker is not None:
+            posted.drain_s = drain(args.redis_url, os.environ["REBOUND_CELERY_QUEUE"])
+    except threading.BrokenBarrierError:
+        raise BenchError("the clients' warm-up did not finish in time") from None
+    finally:
+        stop_server(server)
+        if worker is not None:
+            stop_server(worker)
+    errors = [c.error for c in clients if c.error] + [
+        "a client did not finish" for c in clients if c.is_alive()
+    ]
+    if errors:
+        raise BenchError("; ".join(errors))
+    return posted
+
+
+def print_api(args, posted: Posted) -> tuple[int, float]:
+    """Print the mix, the API's rate and latency, and where the CPU went; the number of
+    events timed and their rate."""
+    events = [e for batch in posted.batches() for e in batch]
+    n_events = len(events)
+    kinds: dict[str, int] = {}
+    for e in events:
+        kinds[e["kind"]] = kinds.get(e["kind"], 0) + 1
+    print("mix: " + ", ".join(f"{k} {v / n_events:.2%}" for k, v in sorted(kinds.items())))
+    api_rate = n_events / posted.seconds
+    lat = sorted(x for c in posted.clients for x in c.latencies)
+    print(
+        f"API:  {n_events} events in {posted.seconds:.2f} s = {api_rate:,.0f} events/s"
+        f"  ({args.clients} clients, {args.workers} workers;"
+        f" latency p50 {statistics.median(lat) * 1000:.0f} ms,"
+        f" p95 {lat[int(len(lat) * 0.95)] * 1000:.0f} ms)"
+    )
+    print("      " + CpuMeter.report(posted.cpu0, posted.cpu1, posted.seconds, n_events))
+    return n_events, api_rate
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--events-per-batch", type=int, default=1000)
@@ -789,76 +871,28 @@ def main() -> int:
         f" in {time.perf_counter() - t:.1f} s"
     )
 
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     var_dir = tempfile.mkdtemp(prefix="rebound-bench-")
     connection.close()  # this process's own connection stays out of the CPU figures
     worker = None
     if args.worker:  # the server queues its tasks on Redis, to queues of this run's own
         os.environ.update(REDIS_URL=args.redis_url, REBOUND_CELERY_QUEUE=f"bench-ingest-{run}")
         worker = start_worker(args.database_url, var_dir)
-    server = start_server(args.database_url, args.workers, port, var_dir)
-    clients: list[Client] = []
     try:
         try:
-            wait_ready(server, base)
-            ready = threading.Barrier(args.clients + 1)
-            go = threading.Barrier(args.clients + 1)
-            clients = [
-                Client(base + "/api/v1/ingest", token, warm, timed, ready, go)
-                for warm, timed in plans
-            ]
-            for c in clients:
-                c.start()
-            ready.wait(timeout=90)  # every client has had its warm-up answered
-            meter = CpuMeter(args.database_url, server.pid)
-            cpu0 = meter.sample()
-            t0 = time.perf_counter()
-            for c in clients:
-                c.deadline = t0 + args.max_seconds
-            go.wait(timeout=10)
-            worker_cpu0 = worker_cpu(worker)
-            for c in clients:
-                c.join(timeout=args.max_seconds + 60)
-            api_s = time.perf_counter() - t0
-            cpu1 = meter.sample()
-            worker_s = worker_cpu(worker) - worker_cpu0
-            drain_s = drain(args.redis_url, os.environ["REBOUND_CELERY_QUEUE"]) if worker else 0
-        except threading.BrokenBarrierError:
-            broken = "the clients' warm-up did not finish in time"
-        else:
-            broken = None
-        finally:
-            stop_server(server)
-            if worker is not None:
-                stop_server(worker)
-            shutil.rmtree(var_dir, ignore_errors=True)
-        errors = [c.error for c in clients if c.error] + [
-            "a client did not finish" for c in clients if c.is_alive()
-        ]
-        if errors or broken:
-            print("FAILED: " + "; ".join(errors or [broken]))
+            posted = post_timed(args, plans, token, var_dir, worker)
+        except BenchError as exc:
+            print(f"FAILED: {exc}")
             return 1
-        timed_events = [e for c in clients for _, batch in c.timed[: c.posted] for e in batch]
-        n_events = len(timed_events)
-        kinds: dict[str, int] = {}
-        for e in timed_events:
-            kinds[e["kind"]] = kinds.get(e["kind"], 0) + 1
-        print("mix: " + ", ".join(f"{k} {v / n_events:.1%}" for k, v in sorted(kinds.items())))
-        api_rate = n_events / api_s
-        lat = sorted(x for c in clients for x in c.latencies)
-        print(
-            f"API:  {n_events} events in {api_s:.2f} s = {api_rate:,.0f} events/s"
-            f"  ({args.clients} clients, {args.workers} workers;"
-            f" latency p50 {statistics.median(lat) * 1000:.0f} ms,"
-            f" p95 {lat[int(len(lat) * 0.95)] * 1000:.0f} ms)"
-        )
-        print("      " + CpuMeter.report(cpu0, cpu1, api_s, n_events))
+        finally:
+            shutil.rmtree(var_dir, ignore_errors=True)
+        timed_events = [e for batch in posted.batches() for e in batch]
+        n_events, api_rate = print_api(args, posted)
         if worker is not None:
+            worker_s = posted.worker_s
             print(
                 f"      Celery worker (detection passes, ledger refreshes): {worker_s:.1f} s CPU"
                 f" while timed, {worker_s * 1e6 / n_events:.0f} ms per 1,000 events;"
-                f" its queue was empty {drain_s:.1f} s after posting stopped"
+                f" its queue was empty {posted.drain_s:.1f} s after posting stopped"
             )
 
         # The same rows, for fresh jobs so nothing conflicts with what the API stored.
@@ -971,63 +1005,19 @@ def main_large(args) -> int:
         f" + {args.warmup * args.clients} warm-up batches in {time.perf_counter() - t:.1f} s"
     )
 
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     var_dir = tempfile.mkdtemp(prefix="rebound-bench-")
     connection.close()
-    server = start_server(args.database_url, args.workers, port, var_dir)
-    clients: list[Client] = []
     try:
         try:
-            wait_ready(server, base)
-            ready = threading.Barrier(args.clients + 1)
-            go = threading.Barrier(args.clients + 1)
-            clients = [
-                Client(base + "/api/v1/ingest", token, warm, timed, ready, go)
-                for warm, timed in plans
-            ]
-            for c in clients:
-                c.start()
-            ready.wait(timeout=120)
-            meter = CpuMeter(args.database_url, server.pid)
-            cpu0 = meter.sample()
-            t0 = time.perf_counter()
-            for c in clients:
-                c.deadline = t0 + args.max_seconds
-            go.wait(timeout=10)
-            for c in clients:
-                c.join(timeout=args.max_seconds + 60)
-            api_s = time.perf_counter() - t0
-            cpu1 = meter.sample()
-        except threading.BrokenBarrierError:
-            broken = "the clients' warm-up did not finish in time"
-        else:
-            broken = None
-        finally:
-            stop_server(server)
-            shutil.rmtree(var_dir, ignore_errors=True)
-        errors = [c.error for c in clients if c.error] + [
-            "a client did not finish" for c in clients if c.is_alive()
-        ]
-        if errors or broken:
-            print("FAILED: " + "; ".join(errors or [broken]))
+            posted = post_timed(args, plans, token, var_dir, ready_s=120)
+        except BenchError as exc:
+            print(f"FAILED: {exc}")
             return 1
-        timed = [batch for c in clients for _, batch in c.timed[: c.posted]]
-        n_events = sum(map(len, timed))
-        kinds: dict[str, int] = {}
-        for batch in timed:
-            for e in batch:
-                kinds[e["kind"]] = kinds.get(e["kind"], 0) + 1
-        print("mix: " + ", ".join(f"{k} {v / n_events:.2%}" for k, v in sorted(kinds.items())))
-        api_rate = n_events / api_s
-        lat = sorted(x for c in clients for x in c.latencies)
-        print(
-            f"API:  {n_events} events in {api_s:.2f} s = {api_rate:,.0f} events/s"
-            f"  ({args.clients} clients, {args.workers} workers;"
-            f" latency p50 {statistics.median(lat) * 1000:.0f} ms,"
-            f" p95 {lat[int(len(lat) * 0.95)] * 1000:.0f} ms)"
-        )
-        print("      " + CpuMeter.report(cpu0, cpu1, api_s, n_events))
+        finally:
+            shutil.rmtree(var_dir, ignore_errors=True)
+        timed = posted.batches()
+        n_events, api_rate = print_api(args, posted)
+        cpu0, cpu1 = posted.cpu0, posted.cpu1
 
         # The same rows for fresh jobs (nothing conflicts with what the API stored), on the
         # nodes the API created: the batches the API was timed on, one transaction each.

@@ -54,7 +54,6 @@ from jobs.models import (
 # Ids read per statement: a job's rows are found by id range (what was stored since),
 # a bounded range at a time.
 ID_RANGE = 200_000
-HOUR_S = 3600
 RUNS_KEPT_S = 30 * 86400  # upkeep's own reports
 
 
@@ -316,7 +315,7 @@ def _roll_up(job, rollup, limits, totals, ids, attempt, rank, node, first, ts, c
     if not len(ids):
         return
     _keep_evidence(job, limits, totals, ids, attempt, node, first)
-    hour = np.floor(ts / HOUR_S).astype(np.int64)
+    hour = np.floor(ts / partitions.HOUR_S).astype(np.int64)
     o = np.lexsort((compute, hour, node, attempt))
     attempt, rank, node, hour, compute, step = (
         a[o] for a in (attempt, rank, node, hour, compute, step)
