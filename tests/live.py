@@ -50,28 +50,35 @@ def live_cluster(tmp_path, live_server, quick_passes):
     """A local cluster of four 1-slot nodes whose ranks report to the live server."""
     cluster = make_cluster(tmp_path, live_server.url)
     yield cluster
-    cluster.shutdown()
+    # Quick: every launch and node agent is told at once and waited for (killed past
+    # the grace), so none is still posting when the test's tables are flushed.
+    cluster.shutdown(quick=True)
     database_quiet()
 
 
-def database_quiet(timeout_s: float = 15.0) -> None:
-    """Waits until no other connection to the test database is inside a statement or
-    transaction: a request of the killed ranks still being served would otherwise
-    deadlock with the test's flush (TRUNCATE) of the tables."""
+def database_quiet(timeout_s: float = 15.0, quiet_s: float = 1.0) -> None:
+    """Waits until no other connection to the test database has been inside a
+    statement or transaction for `quiet_s`: a request of the stopped ranks still being
+    served (or still in a socket's queue) would otherwise deadlock with the test's
+    flush (TRUNCATE) of the tables."""
     from django.db import connection
 
     if connection.vendor != "postgresql":
         return
     deadline = time.monotonic() + timeout_s
+    quiet_since = time.monotonic()
     while time.monotonic() < deadline:
         with connection.cursor() as cur:
             cur.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
                 " AND pid <> pg_backend_pid() AND state NOT IN ('idle')"
             )
-            if cur.fetchone()[0] == 0:
-                return
-        time.sleep(0.1)
+            busy = cur.fetchone()[0]
+        if busy:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet_s:
+            return
+        time.sleep(0.05)
 
 
 def until(condition, what: str, timeout_s: float = 60.0, cluster=None, job=None):
