@@ -2,10 +2,21 @@
 
 `events_ingest` is all or nothing: one transaction stores the new events,
 their projections (steps, rank windows, attempts, checkpoints, nodes) and the
-jobs' summary fields, or nothing at all. Deduplication is on (job, client id):
-the job rows are locked first, so two deliveries of one batch can never both
-count the same event as new. What a batch may not rewrite is checked in
-`jobs.services.history`; the follow-up work is handed on in `jobs.services.follow_up`.
+jobs' summary fields, or nothing at all. Deduplication is on (job, client id).
+The job rows are locked first:
+
+- a batch of stream events alone (steps, rank windows, heartbeats: what a large
+  job sends thousands of a second, from many clients) takes them FOR KEY SHARE, so
+  such batches of one job are stored side by side; the unique keys arbitrate their
+  rows (two deliveries of one batch never both count an event as new), and each
+  moves its jobs' summary fields by a relative UPDATE;
+- any other batch (a launch's lifecycle, checkpoints, faults, a finish) takes them
+  FOR UPDATE: it runs alone, reads what is stored to check what it may not rewrite
+  (`jobs.services.history`), and skips stored keys by looking them up.
+
+Either way, a reader that takes a job's row FOR UPDATE (detection reading its
+tables' highest ids, storage upkeep) finds no batch of that job half-stored. The
+follow-up work is handed on in `jobs.services.follow_up`.
 """
 
 from collections import defaultdict
@@ -14,8 +25,9 @@ from datetime import datetime, timedelta
 
 import orjson
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Q
+from django.db import OperationalError, connection, transaction
+from django.db.models import Case, F, Q, Value, When
+from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
 from common.errors import PermissionDenied
@@ -88,31 +100,50 @@ class IngestResult:
     duplicates: int
 
 
-def _lock_jobs(*, cluster: Cluster, keys: set[str]) -> dict[str, TrainingJob]:
-    """The batch's jobs, created on the token's cluster when new, locked for this transaction.
+# The kinds a batch may carry and still be stored beside other batches of its jobs.
+STREAM_KINDS = frozenset({"step", "rank_window", "heartbeat"})
+DEADLOCK = "40P01"
+DEADLOCK_RETRIES = 3
 
-    Every write of a job's stream rows (events, steps, rank windows) happens under this
-    lock, so what is stored for these jobs cannot change until the transaction ends."""
-    locked = TrainingJob.objects.select_for_update().filter(key__in=keys).order_by("id")
-    jobs = {j.key: j for j in locked}
+
+def _lock_jobs(*, cluster: Cluster, keys: set[str], shared: bool) -> dict[str, TrainingJob]:
+    """The batch's jobs, created on the token's cluster when new, locked for this
+    transaction: FOR KEY SHARE when `shared`, FOR UPDATE otherwise (see the module's
+    docstring). Either way, every write of a job's stream rows happens under it."""
+    jobs = _locked(keys, shared)
     if len(jobs) < len(keys):  # new jobs: created, then all of them locked again, in order
         TrainingJob.objects.bulk_create(
             [TrainingJob(key=k, cluster=cluster) for k in sorted(keys)], ignore_conflicts=True
         )
-        jobs = {j.key: j for j in locked.all()}
+        jobs = _locked(keys, shared)
     foreign = sorted(k for k, j in jobs.items() if j.cluster_id != cluster.id)
     if foreign:
         raise JobsOfAnotherCluster(cluster=cluster.name, keys=foreign)
     return jobs
 
 
-def _insert_events(jobs: dict[str, TrainingJob], events: list[WireEvent], now) -> list[WireEvent]:
+def _locked(keys: set[str], shared: bool) -> dict[str, TrainingJob]:
+    if shared:  # a lock Django's select_for_update does not take
+        rows = TrainingJob.objects.raw(
+            f"SELECT * FROM {TrainingJob._meta.db_table} WHERE key = ANY(%s)"
+            " ORDER BY id FOR KEY SHARE",
+            [sorted(keys)],
+        )
+    else:
+        rows = TrainingJob.objects.select_for_update().filter(key__in=keys).order_by("id")
+    return {j.key: j for j in rows}
+
+
+def _insert_events(
+    jobs: dict[str, TrainingJob], events: list[WireEvent], now, *, shared: bool
+) -> list[WireEvent]:
     """Store the events not stored yet, each (job, id) once (the first in the batch wins).
 
     Returns the events stored, and the plain heartbeats: those are not stored raw (their
-    buckets take a heartbeat twice the same as once), so every one counts as new. The
-    jobs are locked, so what the insert found already stored cannot change before this
-    transaction ends.
+    buckets take a heartbeat twice the same as once), so every one counts as new. Under
+    the jobs' exclusive lock what is stored is looked up; under the shared one the
+    unique key arbitrates, the rows in key order (two deliveries of one batch at once
+    wait on each other, never in a cycle).
     """
     job_id = {k: j.id for k, j in jobs.items()}
     firsts: dict[tuple[int, str], WireEvent] = {}
@@ -122,9 +153,9 @@ def _insert_events(jobs: dict[str, TrainingJob], events: list[WireEvent], now) -
             unstored.append(e)
         else:
             firsts.setdefault((job_id[e.job], e.client_id), e)
-    batch = list(firsts.values())
-    if not batch:
+    if not firsts:
         return unstored
+    batch = [firsts[k] for k in sorted(firsts)] if shared else list(firsts.values())
     dumps = orjson.dumps
     inserted = insert_new(
         Event,
@@ -141,10 +172,10 @@ def _insert_events(jobs: dict[str, TrainingJob], events: list[WireEvent], now) -
             [now] * len(batch),
         ],
         key=("job", "client_id"),
-        locked=True,  # the jobs' rows: no other transaction stores their events meanwhile
+        locked=not shared,
     )
     if len(inserted) == len(batch):
-        return batch + unstored
+        return list(firsts.values()) + unstored
     return [e for k, e in firsts.items() if k in inserted] + unstored
 
 
@@ -173,12 +204,24 @@ def events_ingest(
     `received_at` stands for the server's clock (the events' `received_at`, the jobs'
     last_received_at, the nodes' last_heard_at) in a replay on a simulated clock
     (bench/fleetsim); the API never passes it."""
-    now = received_at or timezone.now()
+    # Batches stored side by side may still meet in a cycle on rows no key orders (a
+    # node two of them beat for): PostgreSQL refuses one, which is then stored again.
+    for retry in range(DEADLOCK_RETRIES + 1):
+        try:
+            return _ingest(cluster, events, received_at or timezone.now())
+        except OperationalError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) != DEADLOCK or retry == DEADLOCK_RETRIES:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _ingest(cluster: Cluster, events: list[WireEvent], now: datetime) -> IngestResult:
+    shared = connection.vendor == "postgresql" and all(e.kind in STREAM_KINDS for e in events)
     with transaction.atomic():
-        jobs = _lock_jobs(cluster=cluster, keys={e.job for e in events})
-        fresh = _insert_events(jobs, events, now)
+        jobs = _lock_jobs(cluster=cluster, keys={e.job for e in events}, shared=shared)
+        fresh = _insert_events(jobs, events, now, shared=shared)
         if fresh:
-            _project(cluster, jobs, fresh, now)
+            _project(cluster, jobs, fresh, now, shared=shared)
             touched = sorted({jobs[e.job].id for e in fresh})
             kinds: dict[int, set[str]] = defaultdict(set)
             for e in fresh:
@@ -189,15 +232,18 @@ def events_ingest(
     return IngestResult(accepted=len(fresh), duplicates=len(events) - len(fresh))
 
 
-def _project(cluster: Cluster, jobs: dict[str, TrainingJob], fresh: list[WireEvent], now) -> None:
+def _project(
+    cluster: Cluster, jobs: dict[str, TrainingJob], fresh: list[WireEvent], now, *, shared: bool
+) -> None:
     """What the new events add to steps, rank windows, nodes, attempts, checkpoints, jobs."""
     job_id = {k: j.id for k, j in jobs.items()}
 
-    # One row per key, the first in the batch (as ON CONFLICT would keep): the inserts
-    # below look the keys up, under the jobs' locks, rather than arbitrate conflicts.
-    steps = _first_per_key(e for e in fresh if e.kind == "step")
+    # One row per key, the first in the batch (as ON CONFLICT would keep): under the
+    # jobs' exclusive locks the inserts below look the keys up rather than arbitrate
+    # conflicts; under shared ones they arbitrate them, in key order.
+    steps = _first_per_key((e for e in fresh if e.kind == "step"), shared)
     windows = _windows_not_rolled_up(
-        jobs, _first_per_key(e for e in fresh if e.kind == "rank_window")
+        jobs, _first_per_key((e for e in fresh if e.kind == "rank_window"), shared)
     )
     lifecycle = [e for e in fresh if e.kind in Event.TIMELINE_KINDS]
     heartbeats = [e for e in fresh if e.kind == "heartbeat"]
@@ -222,7 +268,7 @@ def _project(cluster: Cluster, jobs: dict[str, TrainingJob], fresh: list[WireEve
                 [e.data.get("tokens") for e in steps],
                 [as_float(e.data.get("step_time_s")) for e in steps],
             ],
-            locked_key=("job", "attempt", "step"),
+            locked_key=() if shared else ("job", "attempt", "step"),
         )
     if windows:
         insert_ignoring_conflicts(
@@ -241,15 +287,20 @@ def _project(cluster: Cluster, jobs: dict[str, TrainingJob], fresh: list[WireEve
                 [as_float(e.data.get("comm_wait_s")) for e in windows],
                 [as_float(e.data.get("data_wait_s")) for e in windows],
             ],
-            locked_key=("job", "attempt", "rank", "first_step"),
+            # A window sent again carries its `ts`: the key the table holds unique.
+            locked_key=() if shared else ("job", "attempt", "rank", "first_step", "ts"),
         )
     _record_heartbeats(node_ids, heartbeats, job_id, now)
-    attempts = _project_lifecycle(jobs, fresh, lifecycle, node_ids)
-    _update_jobs(jobs, fresh, lifecycle, attempts, now)
+    attempts = _project_lifecycle(jobs, fresh, lifecycle, node_ids, shared=shared)
+    if shared:
+        _move_jobs(jobs, fresh, now)
+    else:
+        _update_jobs(jobs, fresh, lifecycle, attempts, now)
 
 
-def _first_per_key(events) -> list[WireEvent]:
-    """Steps or rank windows, the first of each launch's step or rank's window, in order."""
+def _first_per_key(events, by_key: bool) -> list[WireEvent]:
+    """Steps or rank windows, the first of each launch's step or rank's window, in the
+    batch's order or (`by_key`) in the order of their keys."""
     firsts: dict[tuple, WireEvent] = {}
     for e in events:
         d = e.data
@@ -259,7 +310,7 @@ def _first_per_key(events) -> list[WireEvent]:
             else (e.job, e.attempt, e.rank, d["first_step"])
         )
         firsts.setdefault(key, e)
-    return list(firsts.values())
+    return [firsts[k] for k in sorted(firsts)] if by_key else list(firsts.values())
 
 
 def _windows_not_rolled_up(jobs, windows: list[WireEvent]) -> list[WireEvent]:
@@ -322,11 +373,15 @@ def _earlier(current: datetime | None, ts: float) -> bool:
     return current is None or dt(ts) < current
 
 
-def _project_lifecycle(jobs, fresh, lifecycle, node_ids) -> dict[tuple[int, int], Attempt]:
+def _project_lifecycle(
+    jobs, fresh, lifecycle, node_ids, *, shared: bool
+) -> dict[tuple[int, int], Attempt]:
     """Attempt and checkpoint rows from lifecycle events, whatever order they come in.
 
     Returns every attempt, as now stored, of the jobs whose launches these
-    events describe (locked, like the jobs themselves), by (job id, number).
+    events describe (locked, like the jobs themselves; under `shared` locks of the
+    jobs, a batch without lifecycle events, only read: what moves them takes the
+    jobs' exclusive ones), by (job id, number).
     Raises HistoryConflict, before changing any, when the batch would rewrite a
     launch's history (see jobs.services.history).
     """
@@ -344,10 +399,8 @@ def _project_lifecycle(jobs, fresh, lifecycle, node_ids) -> dict[tuple[int, int]
     # in its steps before its start arrives. The same one query either way.
     touched_jobs = {job_id[e.job] for e in lifecycle if e.attempt is not None}
     touched_jobs.update(jobs[k].id for k in finishes)
-    attempts = {
-        (a.job_id, a.number): a
-        for a in Attempt.objects.select_for_update().filter(job_id__in=touched_jobs)
-    }
+    stored = Attempt.objects.filter(job_id__in=touched_jobs)
+    attempts = {(a.job_id, a.number): a for a in (stored if shared else stored.select_for_update())}
     conflicts = batch_history_conflicts(jobs, fresh, lifecycle, attempts, finishes)
     if conflicts:
         raise HistoryConflict(conflicts)
@@ -431,6 +484,39 @@ def _lock_checkpoints(keys: set[tuple[int, int, int]]) -> dict[tuple[int, int, i
         (c.job_id, c.attempt, c.step): c
         for c in Checkpoint.objects.select_for_update().filter(match).order_by("id")
     }
+
+
+def _move_jobs(jobs, fresh, now) -> None:
+    """The jobs' summary fields moved on by a batch of stream events, relative to what
+    is stored (other batches of these jobs may be moving them at the same time)."""
+    for key, job in sorted(jobs.items(), key=lambda kv: kv[1].id):
+        evs = [e for e in fresh if e.job == key]
+        if not evs:
+            continue
+        lo = min(e.ts for e in evs)
+        hi = max(e.ts for e in evs)
+        moved = {
+            "first_event_ts": Least("first_event_ts", Value(lo)),  # PostgreSQL's skip NULLs
+            "last_event_ts": Greatest("last_event_ts", Value(hi)),
+            "revision": F("revision") + 1,
+            "events_count": F("events_count")
+            + sum(1 for e in evs if e.kind not in UNSTORED_KINDS or e.data),
+            "last_received_at": now,
+        }
+        steps = [e for e in evs if e.kind == "step"]
+        if steps:
+            last = steps[0]
+            for e in steps:  # the latest; of those stamped alike, the batch's last
+                if e.ts >= last.ts:
+                    last = e
+            newer = Q(last_step_ts__isnull=True) | Q(last_step_ts__lte=last.ts)
+            moved["last_step"] = Case(
+                When(newer, then=Value(last.data["step"])),
+                default=F("last_step"),
+                output_field=TrainingJob._meta.get_field("last_step"),
+            )
+            moved["last_step_ts"] = Greatest("last_step_ts", Value(last.ts))
+        TrainingJob.objects.filter(pk=job.pk).update(**moved)
 
 
 def _update_jobs(jobs, fresh, lifecycle, attempts, now) -> None:
