@@ -3,6 +3,7 @@
 
 - `ingest`: a batch of events stored, all or nothing, and what it projects (steps,
   rank windows, launches, checkpoints, nodes, the jobs' summaries).
+- `lifecycle`: the launch and checkpoint rows ingest makes of lifecycle events.
 - `history`: what a batch may not rewrite (a launch's start, a finished job) and an
   operator's reopening of a finished job.
 - `follow_up`: what ingest hands on through the outbox, and its announcement in the
