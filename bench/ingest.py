@@ -38,9 +38,11 @@ With --mix large, the stream is a large job's steady state (2,048 nodes x 8 GPUs
 default): a step every 5 s from rank 0, a rank_window per rank every 10 steps, a
 heartbeat per node every 10 s: per step 1 step, ~1,638 windows and ~1,024
 heartbeats. `--split jobs` (the default) gives each client a job of --ranks/--clients
-ranks; `--split one` gives the clients a quarter each of one job's nodes, so their
-batches queue on that job's row lock. Its COPY baseline writes what ingest stores for
-the timed batches, one transaction per batch: the events but heartbeats in
+ranks; `--split one` gives the clients a quarter each of one job's nodes: their
+batches of stream events are stored side by side (jobs.services.ingest). The
+windows and buckets go to the hourly partitions storage upkeep makes ahead of the
+clock, here the streams'. Its COPY baseline writes what ingest stores for the
+timed batches, one transaction per batch: the events but heartbeats in
 `jobs_event`, `jobs_steprecord`, `jobs_rankwindow`, and one `jobs_heartbeatbucket` row
 per job, node and 10 s bucket; and (unless --no-copy-job-update) one UPDATE of each
 job's summary row per transaction. Its target is the ratio alone (>= 0.5); it also
