@@ -378,7 +378,7 @@ def _move_jobs(jobs, fresh, now) -> None:
             "revision": F("revision") + 1,
             "events_count": F("events_count")
             + sum(1 for e in evs if e.kind not in UNSTORED_KINDS or e.data),
-            "last_received_at": now,
+            "last_received_at": Greatest("last_received_at", Value(now)),  # batches overlap
         }
         steps = [e for e in evs if e.kind == "step"]
         if steps:
