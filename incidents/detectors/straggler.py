@@ -66,8 +66,15 @@ def advance(state: EngineState, launches, windows, cfg) -> list[Straggler]:
         first = columns[1]
         if ws.head is not None and (first <= ws.head).any():
             raise Rebuild  # a rank's window behind the windows judged
-        o = np.lexsort((columns[3], first))
+        # By window and rank; a rank's window reported twice (copies under other ids
+        # and times: the table's key holds the time) counts once, the first stored.
+        o = np.lexsort((columns[-1], columns[3], first))
         columns = [c[o] for c in columns]
+        first, rank = columns[1], columns[3]
+        again = np.zeros(len(first), dtype=bool)
+        again[1:] = (first[1:] == first[:-1]) & (rank[1:] == rank[:-1])
+        if again.any():
+            columns = [c[~again] for c in columns]
         starts, counts = np.unique(columns[1], return_counts=True)
         complete = starts[counts == world]
         if len(complete):

@@ -128,3 +128,24 @@ def test_one_slow_gpu_makes_its_node_a_straggler(ingest):
     [incident] = stragglers(ingest, [start()] + windows(10, one))
     assert [n.name for n in incident.nodes.all()] == ["n3"]
     assert incident.ranks == [7]
+
+
+def test_a_window_reported_again_under_other_ids_and_times_counts_once(ingest):
+    """Copies of rank 0's windows (new ids, later times, 5x the compute) stored beside
+    the first reports: the first stored is the one judged, whether the copies came
+    before the windows were judged or after."""
+    slow = lambda w, r: 1.2 if (r in (6, 7) and w >= 4) else 0.8  # noqa: E731
+    first = windows(10, slow)
+    copies = [
+        dict(e, id=f"copy-{e['id']}", ts=e["ts"] + 1, data=dict(e["data"], compute_s=4.0))
+        for e in first
+        if e["rank"] == 0
+    ]
+    assert ingest([start()] + first).status_code == 202
+    [incident] = stragglers(ingest, copies[:5])
+    [again] = stragglers(ingest, copies[5:])
+    for i in (incident, again):  # as in the first test here, where nothing came twice
+        assert [n.name for n in i.nodes.all()] == ["n3"] and i.ranks == [6, 7]
+        assert i.fault_at.timestamp() == pytest.approx(T0 + 50)
+        assert i.detected_at.timestamp() == pytest.approx(T0 + 70)
+        assert i.lost_gpu_seconds == pytest.approx(6 * 10 * 0.4 * 8)
