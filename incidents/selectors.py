@@ -213,17 +213,24 @@ def job_rank_scores(*, job) -> dict:
     windows = RankWindow.objects.filter(job=job, attempt=attempt.number)
     world = attempt.world_size
     # The latest window every rank has reported.
-    per_window = windows.values("first_step").annotate(n=Count("rank")).order_by("-first_step")
+    per_window = (
+        windows.values("first_step")
+        .annotate(n=Count("rank", distinct=True))
+        .order_by("-first_step")
+    )
     if world:
         per_window = per_window.filter(n__gte=world)
     latest = per_window.first()
     if latest is None:
         return empty
-    rows = list(
-        windows.filter(first_step=latest["first_step"])
-        .order_by("rank")
-        .values_list("rank", "node__name", "compute_s", "step_s", "comm_wait_s", "last_step")
-    )
+    stored = windows.filter(first_step=latest["first_step"]).order_by("rank", "id")
+    rows, seen = [], set()
+    for r in stored.values_list(
+        "rank", "node__name", "compute_s", "step_s", "comm_wait_s", "last_step"
+    ):
+        if r[0] not in seen:  # a rank's window stored twice (a copy): the first
+            seen.add(r[0])
+            rows.append(r)
     best = dict(windows.values("rank").annotate(best=Min("compute_s")).values_list("rank", "best"))
     peer, own, slow = rank_scores(
         np.array([[r[2] for r in rows]], dtype=np.float64),

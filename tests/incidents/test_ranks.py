@@ -59,6 +59,18 @@ def test_a_slow_rank_stands_out(ingest, personas):
     assert not any(x["slow"] for r, x in by_rank.items() if r != 5)
 
 
+@pytest.mark.postgres  # SQLite's key refuses the copy (no partitions: no time in it)
+def test_a_window_stored_twice_is_read_once(ingest, personas):
+    events = [start()] + [window(1, r, 0.80) for r in range(8)]
+    copy = dict(events[3], id="copy", ts=events[3]["ts"] + 1)  # rank 2, another id and time
+    copy["data"] = dict(copy["data"], compute_s=1.6)
+    assert ingest(events).status_code == 202
+    assert ingest([copy]).json() == {"accepted": 1, "duplicates": 0}
+    body = ranks(personas)
+    assert [x["rank"] for x in body["ranks"]] == list(range(8))
+    assert body["ranks"][2]["compute_s"] == 0.80 and body["slow_count"] == 0
+
+
 def test_a_uniform_slowdown_flags_nobody(ingest, personas):
     events = [start()]
     events += [window(1, r, 0.80) for r in range(8)]
