@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 
 from incidents.detectors.engine import _bounds
 from jobs.models import Cluster, Event, HeartbeatBucket, RankWindow, StepRecord, TrainingJob
@@ -204,3 +204,32 @@ def test_a_lifecycle_batch_waits_for_the_stream_batches_in_flight():
     job = TrainingJob.objects.get(key="big")
     assert job.checkpoints.get().step == 10
     assert job.events_count == Event.objects.filter(job=job).count()
+
+
+def test_a_batch_refused_for_a_deadlock_is_stored_again(monkeypatch):
+    """PostgreSQL refuses one of two batches that meet in a cycle (rows no key orders):
+    that batch is stored again, whole, and counted once. (The refusal is raised here:
+    two batches meet in one only by chance.)"""
+    from psycopg.errors import DeadlockDetected
+
+    from jobs.services import ingest
+
+    cluster = Cluster.objects.create(name="east")
+    events_ingest(cluster=cluster, events=wire(start()))
+    real, calls = ingest._ingest, []
+
+    def once_refused(*args):
+        calls.append(1)
+        if len(calls) == 1:  # as Django raises PostgreSQL's refusal
+            try:
+                raise DeadlockDetected("deadlock detected")
+            except DeadlockDetected as exc:
+                raise OperationalError(str(exc)) from exc
+        return real(*args)
+
+    monkeypatch.setattr(ingest, "_ingest", once_refused)
+    batch = stream_batches(0, 1, 1)[0]
+    result = events_ingest(cluster=cluster, events=wire(batch))
+    assert len(calls) == 2
+    assert result.accepted == len(batch) and result.duplicates == 0
+    assert RankWindow.objects.count() == NODES * GPUS
