@@ -224,12 +224,10 @@ def job_rank_scores(*, job) -> dict:
     if latest is None:
         return empty
     stored = windows.filter(first_step=latest["first_step"]).order_by("rank", "id")
-    rows, seen = [], set()
-    for r in stored.values_list(
-        "rank", "node__name", "compute_s", "step_s", "comm_wait_s", "last_step"
-    ):
-        if r[0] not in seen:  # a rank's window stored twice (a copy): the first
-            seen.add(r[0])
+    fields = ("rank", "node__name", "compute_s", "step_s", "comm_wait_s", "last_step")
+    rows = []  # a rank's window stored twice (a copy): the first
+    for r in stored.values_list(*fields):
+        if not rows or rows[-1][0] != r[0]:
             rows.append(r)
     best = dict(windows.values("rank").annotate(best=Min("compute_s")).values_list("rank", "best"))
     peer, own, slow = rank_scores(
