@@ -385,9 +385,10 @@ REBOUND_KEEP_HEARTBEAT_BUCKETS_S = env_seconds("REBOUND_KEEP_HEARTBEAT_BUCKETS_S
 # Buckets this close merge into one span (never more than the job's dead-node timeout
 # apart, so every silence that detector would see stays).
 REBOUND_HEARTBEAT_SPAN_GAP_S = env_seconds("REBOUND_HEARTBEAT_SPAN_GAP_S", 60, 0, 3600)
-# Raw windows are most of a large job's stream (16,384 ranks: about 0.26 GB an hour);
-# past this they are kept per launch, node and hour.
-REBOUND_KEEP_RANK_WINDOWS_S = env_seconds("REBOUND_KEEP_RANK_WINDOWS_S", 2 * 3600, 60, 1e9)
+# Raw windows are most of a large job's stream (16,384 ranks: about 0.25 GB an hour);
+# past this they are kept per launch, node and hour. An hour's partition goes once all
+# of it is past: up to one hour more is held (bench/storage_day.py).
+REBOUND_KEEP_RANK_WINDOWS_S = env_seconds("REBOUND_KEEP_RANK_WINDOWS_S", 3600, 60, 1e9)
 # On PostgreSQL, how far ahead of the clock upkeep makes the raw windows' hourly partitions.
 REBOUND_PARTITIONS_AHEAD_S = env_seconds("REBOUND_PARTITIONS_AHEAD_S", 86400, 3600, 30 * 86400)
 # A resend later than this is still told by the window's own key (launch, rank, first
