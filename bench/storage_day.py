@@ -14,7 +14,7 @@ every `REBOUND_UPKEEP_EVERY_S`, on the simulated clock. Its database is its own 
 of bench/storage.py), dropped and made again at the start.
 
 It prints, every simulated hour, what the stream tables take on disk (rows, indexes,
-partitions, dead rows not yet vacuumed), and at the end:
+partitions, space of deleted rows not yet reused), and at the end:
 - without upkeep: the bytes a day of rows would take, from the bytes per row of each
   table after the first 10 minutes (before upkeep has anything to drop) and the rows
   the day wrote;
@@ -22,7 +22,7 @@ partitions, dead rows not yet vacuumed), and at the end:
   reading), against the target of 1 GB.
 The figures' sameness with and without upkeep is bench/storage.py's check (a run with
 faults, read before and after upkeep) and tests/incidents/test_storage_upkeep.py's;
-this stream has no fault, so its ledger is all productive time, checked at the end.
+this stream has no fault: its ledger, printed at the end, is nearly all productive.
 """
 
 import argparse
@@ -172,8 +172,7 @@ def main() -> int:
             f" {kept[t][1] / 1e6:>9.1f}"
         )
     raw_day = sum(per_row.get(t, 0) * written[t] for t in written) / span_h * 24
-    after = sum(b for _, b in kept.values())
-    day_after = after  # a day's run: what the tables hold at its end
+    day_after = sum(b for _, b in kept.values())  # what the tables hold at the run's end
     ok = day_after <= TARGET_BYTES
     print(
         f"\nreplayed {sent:,} events in {wall:.0f} s"
