@@ -363,6 +363,11 @@ def _record_heartbeats(
     )
 
 
+def _stored_count(events: list[WireEvent]) -> int:
+    """How many of the new events jobs_event holds (what a job's events_count counts)."""
+    return sum(1 for e in events if e.kind not in UNSTORED_KINDS or e.data)
+
+
 def _move_jobs(jobs, fresh, now) -> None:
     """The jobs' summary fields moved on by a batch of stream events, relative to what
     is stored (other batches of these jobs may be moving them at the same time)."""
@@ -376,8 +381,7 @@ def _move_jobs(jobs, fresh, now) -> None:
             "first_event_ts": Least("first_event_ts", Value(lo)),  # PostgreSQL's skip NULLs
             "last_event_ts": Greatest("last_event_ts", Value(hi)),
             "revision": F("revision") + 1,
-            "events_count": F("events_count")
-            + sum(1 for e in evs if e.kind not in UNSTORED_KINDS or e.data),
+            "events_count": F("events_count") + _stored_count(evs),
             "last_received_at": Greatest("last_received_at", Value(now)),  # batches overlap
         }
         steps = [e for e in evs if e.kind == "step"]
@@ -424,7 +428,7 @@ def _update_jobs(jobs, fresh, lifecycle, attempts, now) -> None:
         if key in lifecycle_jobs:
             job.status = job_status(job, attempts_of.get(job.id))
         job.revision += 1
-        job.events_count += sum(1 for e in evs if e.kind not in UNSTORED_KINDS or e.data)
+        job.events_count += _stored_count(evs)
         job.last_received_at = now
         job.save(
             update_fields=[
