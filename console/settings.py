@@ -74,6 +74,7 @@ INSTALLED_APPS = [
     "jobs",
     "incidents",
     "recovery",
+    "notify",
     "console",
 ]
 

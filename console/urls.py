@@ -22,6 +22,7 @@ urlpatterns = [
     path("api/v1/", include("jobs.api.urls")),
     path("api/v1/", include("incidents.api.urls")),
     path("api/v1/", include("recovery.api.urls")),
+    path("api/v1/", include("notify.api.urls")),
     path("api/v1/schema", SpectacularAPIView.as_view(), name="schema"),
     path("api/v1/docs", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
 ]

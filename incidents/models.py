@@ -17,6 +17,9 @@ class Incident(models.Model):
         STRAGGLER = "straggler"
         TRAINING_INSTABILITY = "training_instability"
         PREEMPTION = "preemption"
+        # An interruption inside a declared maintenance window: its cost is shown, but it
+        # is not a failure (not in failure counts or MTBF).
+        PLANNED = "planned"
         UNKNOWN = "unknown"
 
     class State(models.TextChoices):
@@ -109,6 +112,7 @@ class TimelineEntry(models.Model):
         NOTE = "note"
         ACTION = "action"
         APPROVAL = "approval"
+        NOTIFICATION = "notification"  # a delivery attempt to a channel (notify)
 
     incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="timeline")
     kind = models.CharField(max_length=16, choices=Kind.choices)

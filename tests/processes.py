@@ -32,13 +32,14 @@ def database_url() -> str:
     return f"postgres://{user}@{host}:{port}/{s['NAME']}"
 
 
-def need_program(name: str, install: str) -> None:
+def need_program(name: str, install: str, require: str = "REBOUND_REQUIRE_DEPLOY_TOOLS") -> None:
     """Skip the calling test without `name` on PATH; fail it instead where CI requires
-    the deployment's tools (REBOUND_REQUIRE_DEPLOY_TOOLS=1: .ci/run installs them)."""
+    the tool (`require`=1: .ci/run installs the deployment's tools and the monitoring's,
+    REBOUND_REQUIRE_DEPLOY_TOOLS and REBOUND_REQUIRE_MONITORING)."""
     if shutil.which(name) is None:
         why = f"needs {name} ({install})"
-        if os.environ.get("REBOUND_REQUIRE_DEPLOY_TOOLS") == "1":
-            pytest.fail(f"REBOUND_REQUIRE_DEPLOY_TOOLS is set, but this test {why}")
+        if os.environ.get(require) == "1":
+            pytest.fail(f"{require} is set, but this test {why}")
         pytest.skip(why)
 
 

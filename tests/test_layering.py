@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-APPS = ["common", "jobs", "incidents", "recovery", "agent"]
+APPS = ["common", "jobs", "incidents", "recovery", "notify", "agent"]
 # Left to right, the way data flows: an app imports only apps to its left.
-FLOW = ["common", "jobs", "incidents", "recovery"]
+FLOW = ["common", "jobs", "incidents", "recovery", "notify"]
 # The one crossing of the flow: the local driver drives the agent's local cluster of
 # torch processes, as the Slurm driver drives slurmctld (through its public API only).
 DRIVES_THE_LOCAL_CLUSTER = {"recovery/drivers/local.py": {"agent"}}
