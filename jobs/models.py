@@ -18,6 +18,10 @@ class Cluster(models.Model):
     name = models.SlugField(max_length=100, unique=True)
     description = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # What a GPU-hour costs here, so lost compute shows in money next to GPU-hours;
+    # a node pool's own price (NodePoolPrice) wins for its nodes. Unset: no money shown.
+    gpu_hour_price = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
+    currency = models.CharField(max_length=3, default="USD", help_text="ISO 4217 code")
 
     class Meta:
         ordering = ["name"]
@@ -47,6 +51,8 @@ class Node(models.Model):
     # naming it: storm protection counts a cluster's nodes as the registered ones and
     # those heard from lately, so a batch naming made-up nodes cannot raise its limit.
     registered = models.BooleanField(default=True)
+    # The node pool (a kind of machine, a reservation) it belongs to, for its price.
+    pool = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     state_changed_at = models.DateTimeField(auto_now_add=True)
 
@@ -59,6 +65,59 @@ class Node(models.Model):
 
     def __str__(self):
         return f"{self.cluster_id}/{self.name}"
+
+
+class NodePoolPrice(models.Model):
+    """A node pool's price per GPU-hour, where it differs from its cluster's."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="pool_prices")
+    pool = models.CharField(max_length=64)
+    gpu_hour_price = models.DecimalField(max_digits=12, decimal_places=4)
+
+    class Meta:
+        ordering = ["cluster_id", "pool"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "pool"], name="pool_price_one_per_pool")
+        ]
+
+    def __str__(self):
+        return f"{self.cluster_id}/{self.pool}: {self.gpu_hour_price}"
+
+
+class MaintenanceWindow(models.Model):
+    """Planned maintenance of a cluster's nodes (all of them when `nodes` is empty):
+    an interruption inside it is `planned`, not a failure; detectors raise no fault
+    for its nodes and remediation leaves them alone while it lasts."""
+
+    class PreAction(models.TextChoices):
+        NONE = "none"
+        CHECKPOINT_NOW = "checkpoint_now"
+        DRAIN_AT_NEXT_CHECKPOINT = "drain_at_next_checkpoint"
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="maintenance")
+    nodes = models.ManyToManyField(Node, blank=True, related_name="maintenance")
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    reason = models.CharField(max_length=300, blank=True)
+    pre_action = models.CharField(max_length=32, choices=PreAction.choices, default=PreAction.NONE)
+    # How long before `starts_at` the pre-maintenance action is proposed.
+    pre_action_lead_s = models.PositiveIntegerField(default=600)
+    pre_action_proposed_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-starts_at", "-id"]
+        indexes = [models.Index(fields=["cluster", "ends_at"], name="maintenance_cluster_end")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(ends_at__gt=models.F("starts_at")), name="maintenance_ends_after_start"
+            )
+        ]
+
+    def __str__(self):
+        return f"maintenance of {self.cluster_id} {self.starts_at} -> {self.ends_at}"
 
 
 class TrainingJob(models.Model):
