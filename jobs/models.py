@@ -1,6 +1,9 @@
 """The ledger's data: clusters, nodes, training jobs, their launches, the raw
 event stream and what ingest projects out of it (steps, rank windows,
-checkpoints).
+checkpoints), and what a cluster's nodes cost and when they are down for
+maintenance.
+
+Long module: the models of one app, read together (Django finds them here).
 
 Stream rows (events, steps, rank windows) keep `ts` as float seconds since the
 epoch on the job's own clock: microsecond precision, no time-zone handling, and
