@@ -1,7 +1,16 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from console.pages import approvals, incidents, jobs, live, nodes, overview, reliability
+from console.pages import (
+    approvals,
+    incidents,
+    jobs,
+    live,
+    maintenance,
+    nodes,
+    overview,
+    reliability,
+)
 from console.signin import SignInView
 
 app_name = "console"
@@ -14,5 +23,6 @@ urlpatterns = [
     *approvals.urls,
     *nodes.urls,
     *reliability.urls,
+    *maintenance.urls,
     *live.urls,
 ]

@@ -315,6 +315,7 @@ REBOUND_TASK_QUEUES = {
     "recovery.actions_reconcile": "default",
     "recovery.approvals_expire": "default",
     "recovery.approvals_retire": "default",
+    "recovery.maintenance_pre_actions": "default",
 }
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
@@ -342,6 +343,8 @@ CELERY_BEAT_SCHEDULE = {
     "recovery-reconcile": {"task": "recovery.actions_reconcile", "schedule": 30.0},
     "recovery-expire-approvals": {"task": "recovery.approvals_expire", "schedule": 60.0},
     "recovery-retire-approvals": {"task": "recovery.approvals_retire", "schedule": 60.0},
+    # Maintenance windows about to start: their pre-maintenance proposals, once each.
+    "recovery-pre-maintenance": {"task": "recovery.maintenance_pre_actions", "schedule": 60.0},
     # Work whose send failed or whose message the broker lost (common.outbox).
     "outbox-drain": {"task": "common.outbox_drain", "schedule": 5.0},
 }

@@ -1,10 +1,12 @@
-"""How incidents hear of the jobs app: new events, and a job's ledger recomputed."""
+"""How incidents hear of the jobs app: new events, a job's ledger recomputed, and a
+maintenance window declared or cancelled."""
 
 from django.conf import settings
 
 from common.outbox import Work, outbox_enqueue
 from incidents.models import DetectorState, Incident
 from incidents.services import incidents_update_figures
+from jobs.models import TrainingJob
 
 OPEN_REPORTED = "incidents.open_reported"
 DETECT_JOB = "incidents.detect_job"
@@ -36,6 +38,16 @@ def on_events_stored(sender, job_ids, kinds, **kwargs):
             wait = max(DEBOUNCE_S, last_pass_s / MAX_SHARE)
             works.append(Work(DETECT_JOB, key, [job_id], delay_s=wait))
     outbox_enqueue(works)
+
+
+def on_maintenance_changed(sender, window_id, cluster_id, start, end, **kwargs):
+    """What a window covers is planned now, or no longer: a full pass of each job that
+    ran on the cluster during it judges its incidents again (incidents.detectors.planned
+    recomputes their cause from their signals and the windows in force)."""
+    jobs = TrainingJob.objects.filter(
+        cluster_id=cluster_id, first_event_ts__lte=end, last_event_ts__gte=start
+    ).values_list("pk", flat=True)
+    outbox_enqueue([Work(DETECT_JOB, str(pk), [pk]) for pk in jobs])
 
 
 def on_ledger_refreshed(sender, job, ledger, steps, **kwargs):

@@ -1,6 +1,9 @@
 """Reads of the incidents app: incident lists and details, reliability figures (MTBF,
 causes, repeat offenders, goodput by week), the nodes' incident counts, and the
-ranks of a job's latest window as the straggler detector scores them."""
+ranks of a job's latest window as the straggler detector scores them.
+
+Long module: the app's reads, kept together so that the failure definition and every
+figure built on it sit side by side."""
 
 import math
 from collections import defaultdict
@@ -59,7 +62,8 @@ def incident_detail(*, pk: int) -> Incident | None:
 FAILURE_DEFINITION = (
     "A failure is an incident that interrupted a launch (a crash, a hang, a lost GPU, a"
     " preemption...). A straggler slows a job without interrupting it: it counts only"
-    " when an action restarted the job for it."
+    " when an action restarted the job for it. An interruption inside a declared"
+    " maintenance window (cause planned) is not a failure: its cost is shown apart."
 )
 # Recovery's actions that restart the job (recovery.models.Action.Kind values; this app
 # sees them on the timeline entries recovery writes, and does not import it).
@@ -76,7 +80,8 @@ RESTARTING_ACTIONS = (
 def is_failure() -> Q:
     """The condition on incidents that makes one a failure (FAILURE_DEFINITION): it is
     tied to a launch and is not a straggler, or an action restarted the job for it. An
-    incident tied to no launch (a crash loop, a repeat offender) sums up others."""
+    incident tied to no launch (a crash loop, a repeat offender) sums up others. A
+    planned interruption (inside a maintenance window) is never a failure."""
     restarted = TimelineEntry.objects.filter(
         incident=OuterRef("pk"),
         kind=TimelineEntry.Kind.ACTION,
@@ -84,7 +89,7 @@ def is_failure() -> Q:
         data__to="succeeded",
     )
     interrupted = Q(attempt__isnull=False) & ~Q(cause=Incident.Cause.STRAGGLER)
-    return interrupted | Q(Exists(restarted))
+    return (interrupted | Q(Exists(restarted))) & ~Q(cause=Incident.Cause.PLANNED)
 
 
 REPEAT_OFFENDER_MIN = 3  # incidents in the period that make a node a repeat offender
@@ -141,6 +146,7 @@ def reliability(*, cluster: str | None, start, end) -> dict:
         .values_list("node__name", "n")
     )
     period_s = (end - start).total_seconds()
+    planned = by_cause.get(Incident.Cause.PLANNED, {})
     return {
         "cluster": cluster,
         "start": start,
@@ -154,6 +160,11 @@ def reliability(*, cluster: str | None, start, end) -> dict:
         "time_to_resume": _summary([(r[3] - r[2]).total_seconds() for r in rows if r[3]]),
         "time_to_recover": _summary([(r[4] - r[2]).total_seconds() for r in rows if r[4]]),
         "lost_gpu_hours": sum(r[1] / 3600.0 for r in rows),
+        # Interruptions inside maintenance windows, apart (also under by_cause).
+        "planned": {
+            "count": planned.get("count", 0),
+            "lost_gpu_hours": planned.get("lost_gpu_hours", 0.0),
+        },
         "repeat_offenders": [
             {"node": name, "incidents": n}
             for name, n in sorted(node_counts.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -393,13 +404,15 @@ def goodput_by_week(*, cluster: str | None, start: datetime, end: datetime) -> d
     ):
         launches[job_id].append((number, started_at.timestamp(), ws))
     losses: dict[int, list] = defaultdict(list)
-    for job_id, attempt, fault_at, resumed_at, breakdown in Incident.objects.filter(
+    for job_id, attempt, fault_at, resumed_at, breakdown, cause in Incident.objects.filter(
         job__in=job_ids, lost_gpu_seconds__gt=0
-    ).values_list("job_id", "attempt", "fault_at", "resumed_at", "lost_breakdown"):
-        losses[job_id].append((attempt, fault_at, resumed_at, breakdown or {}))
+    ).values_list("job_id", "attempt", "fault_at", "resumed_at", "lost_breakdown", "cause"):
+        planned = cause == Incident.Cause.PLANNED
+        losses[job_id].append((attempt, fault_at, resumed_at, breakdown or {}, planned))
 
     reserved = [0.0] * len(weeks)
     productive = [0.0] * len(weeks)
+    planned_lost = [0.0] * len(weeks)
     active = [0] * len(weeks)
     without_ledger = 0
     for job_id, finished_at, last_event_ts, figures in rows:
@@ -412,8 +425,8 @@ def goodput_by_week(*, cluster: str | None, start: datetime, end: datetime) -> d
         if total <= 0 or not spans:
             continue
         sizes = {number: ws for number, _, _, ws in spans}
-        lost = []  # (from, to, GPU-seconds)
-        for attempt, fault_at, resumed_at, breakdown in losses[job_id]:
+        lost = []  # (from, to, GPU-seconds, planned)
+        for attempt, fault_at, resumed_at, breakdown, planned in losses[job_id]:
             gpu_s = math.fsum(v for k, v in breakdown.items() if k != "slowdown")
             if gpu_s <= 0:
                 continue
@@ -421,8 +434,8 @@ def goodput_by_week(*, cluster: str | None, start: datetime, end: datetime) -> d
             fault = fault_at.timestamp()
             a = fault - breakdown.get("wasted_progress", 0.0) / ws
             b = resumed_at.timestamp() if resumed_at else fault + (gpu_s - (fault - a) * ws) / ws
-            lost.append((a, max(a, b), gpu_s))
-        lost_total = math.fsum(g for _, _, g in lost)
+            lost.append((a, max(a, b), gpu_s, planned))
+        lost_total = math.fsum(g for _, _, g, _ in lost)
         badput = max(0.0, total - gpu["productive"])
         scale = min(1.0, badput / lost_total) if lost_total > 0 else 0.0
         other_rate = (badput - lost_total * scale) / total
@@ -430,7 +443,10 @@ def goodput_by_week(*, cluster: str | None, start: datetime, end: datetime) -> d
             gpu_s = math.fsum(_overlap(a, b, lo, hi) * ws for _, a, b, ws in spans)
             if gpu_s <= 0:
                 continue
-            lost_s = scale * math.fsum(g * _share(a, b, lo, hi) for a, b, g in lost)
+            lost_s = scale * math.fsum(g * _share(a, b, lo, hi) for a, b, g, _ in lost)
+            planned_lost[k] += scale * math.fsum(
+                g * _share(a, b, lo, hi) for a, b, g, planned in lost if planned
+            )
             reserved[k] += gpu_s
             productive[k] += max(0.0, gpu_s * (1.0 - other_rate) - lost_s)
             active[k] += 1
@@ -447,12 +463,24 @@ def goodput_by_week(*, cluster: str | None, start: datetime, end: datetime) -> d
                 "gpu_hours": reserved[k] / 3600.0,
                 "productive_gpu_hours": productive[k] / 3600.0,
                 "goodput": productive[k] / reserved[k] if reserved[k] > 0 else None,
+                "planned_gpu_hours": planned_lost[k] / 3600.0,
+                "goodput_excluding_planned": _ratio(productive[k], reserved[k] - planned_lost[k]),
             }
             for k, (monday, lo, hi) in enumerate(weeks)
         ],
+        # The whole period: with planned interruptions, and with their badput taken out
+        # of the denominator (as the job ledger's gpu_goodput_excluding_planned).
+        "goodput": _ratio(math.fsum(productive), math.fsum(reserved)),
+        "goodput_excluding_planned": _ratio(
+            math.fsum(productive), math.fsum(reserved) - math.fsum(planned_lost)
+        ),
         "jobs": len(rows) - without_ledger,
         "jobs_without_ledger": without_ledger,
     }
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 1e-9 else None
 
 
 def lost_gpu_hours_recent(*, now=None) -> dict:

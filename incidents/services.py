@@ -31,6 +31,7 @@ from incidents.models import DetectorState, Incident, SweepState, TimelineEntry
 from incidents.settings import detector_settings
 from jobs.accounting import compute_ledger, load_lifecycle, load_steps
 from jobs.models import Cluster, Node, TrainingJob
+from jobs.selectors import maintenance_nodes_under
 from jobs.services import job_recent_cached, node_mark_suspect, recent_read
 
 logger = logging.getLogger(__name__)
@@ -76,7 +77,12 @@ def incidents_detect(
                 changed.append(outcome)
         _announce(changed)
     _record_pass(job, failures)
-    named = {n.name for i, _ in changed if i.detector != REPEAT_OFFENDER for n in i.nodes.all()}
+    named = {
+        n.name
+        for i, _ in changed
+        if i.detector != REPEAT_OFFENDER and i.cause != Incident.Cause.PLANNED
+        for n in i.nodes.all()
+    }
     if named:
         repeat = incidents_detect_repeat_offenders(job=job, nodes=named, cfg=cfg)
         changed += [(i, "") for i in repeat]
@@ -115,7 +121,7 @@ def _apply_finding(job, finding, existing, inferred) -> tuple[Incident, str] | N
         )
         _set_nodes(incident, job, finding.nodes)
         _timeline_for_new(incident, finding.signals)
-        if incident.fault_type == "dead_node":
+        if incident.fault_type == "dead_node" and incident.cause != Incident.Cause.PLANNED:
             _suspect_nodes(incident)
         return incident, "opened"
     if not inferred:
@@ -189,6 +195,11 @@ def incidents_detect_repeat_offenders(
     cfg = cfg if cfg is not None else detector_settings(job)
     count, window_s = int(cfg["repeat_offender.incidents"]), float(cfg["repeat_offender.window_s"])
     opened = []
+    whole, under = maintenance_nodes_under(cluster_id=job.cluster_id)
+    if whole:
+        return opened  # the cluster is being worked on: judge its nodes after
+    if under:
+        nodes = set(nodes) - set(Node.objects.filter(pk__in=under).values_list("name", flat=True))
     for name in sorted(nodes):
         named = Incident.objects.filter(cluster_id=job.cluster_id, nodes__name=name)
         since = (
@@ -197,7 +208,9 @@ def incidents_detect_repeat_offenders(
             .values_list("resolved_at", flat=True)
             .first()
         )
-        history = named.exclude(detector=REPEAT_OFFENDER).select_related("job")
+        # Planned interruptions say nothing of the node's health.
+        history = named.exclude(detector=REPEAT_OFFENDER).exclude(cause=Incident.Cause.PLANNED)
+        history = history.select_related("job")
         if since is not None:  # both on the server's clock
             history = history.filter(opened_at__gt=since)
         history = list(history.order_by("fault_at", "id"))
@@ -360,7 +373,8 @@ def incidents_sweep(*, now=None) -> SweepResult:
     when it hosts a running job, from that job's pass). Not judged: a cluster from
     which nothing at all arrives (the path to it or the console's own ingest
     failed: the jobs are not silent, the console is deaf), and silences older than
-    the sweep's own unbroken run (the console was down then).
+    the sweep's own unbroken run (the console was down then), and nodes under
+    planned maintenance (jobs.selectors.maintenance_nodes_under).
     """
     now = now or timezone.now()
     result = SweepResult()
@@ -387,7 +401,10 @@ def incidents_sweep(*, now=None) -> SweepResult:
                 result.deaf.append(cluster.name)
             continue
         timeout = float(detector_settings(None, cluster_id=cluster.pk)["dead_node.timeout_s"])
-        quiet = nodes.filter(
+        # Nodes under planned maintenance are silent on purpose: not suspect.
+        whole, under = maintenance_nodes_under(cluster_id=cluster.pk, at=now)
+        quiet = Node.objects.none() if whole else nodes.exclude(pk__in=under)
+        quiet = quiet.filter(
             state=Node.State.ACTIVE,
             last_heard_at__lt=now - timedelta(seconds=timeout) - stale,
             last_heard_at__gte=max(now - timedelta(seconds=HEARD_WITHIN_S), dt(since)),

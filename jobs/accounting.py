@@ -15,9 +15,18 @@ applied here:
   arrival), wasted otherwise. Restarts are never inferred from step numbers.
 * A window [start, end] clips the same ledger: the categories of just that
   window, judged with everything known now.
+* Planned interruptions (`planned_*`, a view over the categories, not one more):
+  a launch that did not complete and ended inside a maintenance window covering one
+  of its nodes (or its whole cluster) was interrupted by plan. The badput it caused
+  (its wasted progress and stalled time, the downtime after it, the next launch's
+  startup and restore: an incident's lost GPU-seconds) is taken out of the
+  denominator of `goodput_excluding_planned` and `gpu_goodput_excluding_planned`.
+  Without windows they equal `goodput` and `gpu_goodput`.
 
 Markers (a few per launch) are handled in Python; steps, which can number in
 the millions, are handled as numpy arrays.
+
+Long module: the one ledger, its categories and its planned view, read together.
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ class Launch:
     world_size: int | None = None
     end: float | None = None  # attempt_ended, as reported
     reason: str = ""
+    nodes: tuple[str, ...] = ()  # as its attempt_started named them
     ready: float | None = None
     load_started: float | None = None
     loaded: float | None = None
@@ -68,6 +78,7 @@ class Launch:
     stop: float = 0.0  # effective end, clipped to the next launch and the job's end
     categories: dict[str, float] = field(default_factory=_zero)
     gap_after_s: float = 0.0  # downtime (or other) after this launch, before the next
+    gap_s: float = 0.0  # the part of that gap inside the ledger's [start, end]
 
     @property
     def completed(self) -> bool:
@@ -87,6 +98,20 @@ class Ledger:
     start: float | None
     end: float | None
     launches: list[Launch]
+    # Badput of interruptions inside maintenance windows (a view over the categories).
+    planned_s: float = 0.0
+    planned_gpu_seconds: float = 0.0
+    planned_launches: list[int] = field(default_factory=list)
+
+    @property
+    def goodput_excluding_planned(self) -> float | None:
+        rest = self.elapsed_s - self.planned_s
+        return self.categories["productive"] / rest if rest > 0 else None
+
+    @property
+    def gpu_goodput_excluding_planned(self) -> float | None:
+        rest = math.fsum(self.gpu_seconds.values()) - self.planned_gpu_seconds
+        return self.gpu_seconds["productive"] / rest if rest > 0 else None
 
     def as_dict(self) -> dict:
         return {
@@ -98,6 +123,16 @@ class Ledger:
             "gpu_goodput": self.gpu_goodput,
             "slowdown_s": self.slowdown_s,
             "as_of": _iso(self.as_of),
+            "planned_s": self.planned_s,
+            "planned_gpu_seconds": self.planned_gpu_seconds,
+            "goodput_excluding_planned": (
+                self.goodput if not self.planned_launches else self.goodput_excluding_planned
+            ),
+            "gpu_goodput_excluding_planned": (
+                self.gpu_goodput
+                if not self.planned_launches
+                else self.gpu_goodput_excluding_planned
+            ),
         }
 
 
@@ -148,6 +183,19 @@ def job_ledger(job: TrainingJob, *, start: float | None = None, end: float | Non
         last_event_ts=job.last_event_ts,
         start=start,
         end=end,
+        spans=load_spans(job),
+    )
+
+
+def load_spans(job: TrainingJob) -> list:
+    """The maintenance windows over the job's time (one small indexed query)."""
+    # Imported here: jobs.selectors reads this module's ledger when it loads.
+    from jobs.selectors.maintenance import maintenance_spans
+
+    if job.first_event_ts is None:
+        return []
+    return maintenance_spans(
+        cluster_id=job.cluster_id, start=job.first_event_ts, end=job.last_event_ts
     )
 
 
@@ -184,6 +232,9 @@ def build_launches(
                 if launch is None:
                     launch = launches[attempt] = Launch(number=attempt, start=ts, world_size=ws)
                 launch.start, launch.world_size = ts, ws
+                named = data.get("nodes")
+                if isinstance(named, list):
+                    launch.nodes = tuple(n for n in named if isinstance(n, str))
             continue
         if launch is None:
             launch = launches[attempt] = Launch(number=attempt, start=math.inf)
@@ -367,7 +418,10 @@ def compute_ledger(
     last_event_ts: float | None,
     start: float | None = None,
     end: float | None = None,
+    spans: list | None = None,
 ) -> Ledger:
+    """`spans`: the maintenance windows over the job's time (jobs.selectors.Span, or
+    anything with `covers(ts, names)`), for the planned figures."""
     launches, finished = build_launches(lifecycle, steps)
     cats = _zero()
     gpu = _zero()
@@ -442,6 +496,7 @@ def compute_ledger(
         gap = max(0.0, min(gap_end, hi) - max(stop, lo))
         gap_cat = "other" if nxt is None and launch.completed else "downtime"
         launch.gap_after_s = max(0.0, gap_end - stop)
+        launch.gap_s = gap
         for name, secs in c.items():
             cats[name] += secs
             gpu[name] += secs * launch.world_size
@@ -458,6 +513,12 @@ def compute_ledger(
 
     elapsed = max(0.0, hi - lo)
     gpu_total = math.fsum(gpu.values())
+    planned = _planned(launches, finished, spans) if spans else []
+    planned_s = planned_gpu = 0.0
+    for k in planned:
+        for launch, secs in _interruption_badput(launches, k):
+            planned_s += secs
+            planned_gpu += secs * launch.world_size
     return Ledger(
         job=job_key,
         elapsed_s=elapsed,
@@ -470,4 +531,33 @@ def compute_ledger(
         start=lo,
         end=hi,
         launches=launches,
+        planned_s=planned_s,
+        planned_gpu_seconds=planned_gpu,
+        planned_launches=[launches[k].number for k in planned],
     )
+
+
+def _planned(launches: list[Launch], finished: float | None, spans: list) -> list[int]:
+    """Indexes of the launches interrupted by plan: ended without completing inside a
+    window covering one of their nodes or their cluster. A launch still running (no
+    end, none after it, the job not finished) was not interrupted."""
+    out = []
+    for k, launch in enumerate(launches):
+        ended = launch.end is not None or k + 1 < len(launches) or finished is not None
+        if not ended or launch.completed:
+            continue
+        if any(span.covers(launch.stop, launch.nodes) for span in spans):
+            out.append(k)
+    return out
+
+
+def _interruption_badput(launches: list[Launch], k: int):
+    """(launch, seconds) of the badput launch k's interruption caused, as an incident's
+    lost GPU-hours count it: its wasted progress and stalled time, the downtime after
+    it (weighted by its size), the next launch's startup and restore."""
+    launch = launches[k]
+    c = launch.categories
+    yield launch, c["wasted_progress"] + c["stalled"] + launch.gap_s
+    if k + 1 < len(launches):
+        n = launches[k + 1].categories
+        yield launches[k + 1], n["startup"] + n["checkpoint_restore"]

@@ -1,6 +1,8 @@
-from django.contrib import admin
+from django.contrib import admin, messages
 
-from jobs.models import Attempt, Checkpoint, Cluster, Node, TrainingJob
+from common.errors import AppError
+from jobs.models import Attempt, Checkpoint, Cluster, MaintenanceWindow, Node, TrainingJob
+from jobs.services.maintenance import maintenance_window_cancel
 
 
 @admin.register(Cluster)
@@ -38,3 +40,38 @@ class CheckpointAdmin(admin.ModelAdmin):
     list_display = ["job", "attempt", "step", "saved_at", "blocking_s", "tier", "durable"]
     list_filter = ["durable", "tier"]
     search_fields = ["job__key"]
+
+
+@admin.register(MaintenanceWindow)
+class MaintenanceWindowAdmin(admin.ModelAdmin):
+    """Read and cancel here; declare on the console's maintenance page or the API, whose
+    service validates a window and re-judges what it covers (an edit here would not)."""
+
+    list_display = ["id", "cluster", "starts_at", "ends_at", "reason", "pre_action", "cancelled_at"]
+    list_filter = ["cluster", "pre_action"]
+    search_fields = ["reason", "nodes__name"]
+    readonly_fields = [
+        "cluster",
+        "nodes",
+        "starts_at",
+        "ends_at",
+        "reason",
+        "pre_action",
+        "pre_action_lead_s",
+        "pre_action_proposed_at",
+        "created_by",
+        "created_at",
+        "cancelled_at",
+    ]
+    actions = ["cancel"]
+
+    def has_add_permission(self, request):
+        return False
+
+    @admin.action(description="Cancel the selected maintenance windows")
+    def cancel(self, request, queryset):
+        for window in queryset.filter(cancelled_at__isnull=True):
+            try:
+                maintenance_window_cancel(window=window, actor=request.user.username)
+            except AppError as exc:
+                self.message_user(request, exc.detail, messages.WARNING)

@@ -7,6 +7,11 @@ it runs. Each returns None, or a reason that starts with its own name
 - ALWAYS ones stop any action, approved or not: it cannot run as things are.
 - `pause` holds everything: new automatic actions wait for approval, and queued
   ones do not start until the cluster is resumed.
+- `maintenance` does the same for an action on a node under planned maintenance
+  now (jobs.selectors.maintenance_active), or on a job running on one (or on a
+  cluster under maintenance as a whole): held until the window ends or is
+  cancelled. The pre-maintenance actions themselves (params.maintenance_window)
+  are what the window asked for, and pass.
 - `stale`: the target changed since the action was proposed or approved.
 - `lease` is the database's one-action-at-a-time-per-node-and-job constraint (over
   Action.LEASE_STATES: actions awaiting approval hold nothing), checked first so that
@@ -19,6 +24,9 @@ it runs. Each returns None, or a reason that starts with its own name
 
 Storm protection counts the nodes a cluster really has: those a person registered
 and those heard from lately (a heartbeat), never a name a batch merely mentions.
+
+Long module: every guardrail in one place, so that what may stop an action is read
+in one file.
 
 Dry run is a mode, not a block: a dry-run action (or any on a cluster set to dry
 run) goes through its states, and its driver call is only recorded.
@@ -35,7 +43,7 @@ from django.db.models import Count, OuterRef, Q, Subquery
 
 from incidents.models import Incident
 from jobs.models import Attempt, Node, TrainingJob
-from jobs.selectors import attempts_latest_first
+from jobs.selectors import attempts_latest_first, maintenance_active
 from recovery.models import Action, ClusterRecoverySettings
 
 K = Action.Kind
@@ -228,6 +236,20 @@ def pause(action: Action, ctx: Context) -> str | None:
         by = f" by {s.paused_by}" if s.paused_by else ""
         return f"pause: recovery on this cluster is paused{by}: {s.pause_reason or 'no reason'}"
     return None
+
+
+def maintenance(action: Action, ctx: Context) -> str | None:
+    if isinstance(action.params, dict) and "maintenance_window" in action.params:
+        return None  # proposed by the window itself, to move off its nodes
+    nodes = action_nodes(action)
+    job = facts(action, ctx).job(action)
+    if job is not None:
+        nodes |= job.launch_nodes
+    span = maintenance_active(cluster_id=action.cluster_id, node_ids=nodes, at=ctx.now)
+    if span is None:
+        return None
+    until = datetime.fromtimestamp(span.end, tz=ctx.now.tzinfo)
+    return f"maintenance: {span.describe()} until {until:%Y-%m-%d %H:%M} UTC"
 
 
 def lease(action: Action, ctx: Context) -> str | None:
@@ -475,7 +497,7 @@ def stale(action: Action, ctx: Context) -> str | None:
     return f"stale: the target changed since it was proposed ({'; '.join(changes)})"
 
 
-AUTOMATIC = (pause, crash_loop, cooldown, storm)
+AUTOMATIC = (pause, maintenance, crash_loop, cooldown, storm)
 ALWAYS = (spares,)
 DECISION = (expired, moved_on, lease, *ALWAYS)
 

@@ -29,6 +29,8 @@ TRIGGERS = (
     "repeat_offender",
     "crash_loop",
     "preemption",
+    "planned",
+    "maintenance",
 )
 
 DEFAULTS: dict[str, list[tuple[str, str]]] = {
@@ -50,11 +52,20 @@ DEFAULTS: dict[str, list[tuple[str, str]]] = {
     "crash_loop": [],
     # The scheduler requeues a preempted job itself.
     "preemption": [],
+    # An interruption inside a maintenance window: the people doing the maintenance
+    # bring the job back; nothing automatic.
+    "planned": [],
+    # Not an incident: a window with pre_action drain_at_next_checkpoint, before it
+    # starts, moves each running job off its nodes at its next checkpoint
+    # (recovery.services.maintenance).
+    "maintenance": [(K.REPLACE_AT_NEXT_CHECKPOINT, APPROVAL)],
 }
 
 
 def incident_trigger(incident: Incident) -> str:
     C = Incident.Cause
+    if incident.cause == C.PLANNED:
+        return "planned"
     if incident.fault_type == "crash_loop":
         return "crash_loop"
     if incident.fault_type == "repeat_offender":

@@ -71,6 +71,16 @@ def approvals_expire() -> None:
         logger.info("approvals expired: %s", expired)
 
 
+@shared_task(name="recovery.maintenance_pre_actions", time_limit=120, ignore_result=True)
+def maintenance_pre_actions() -> None:
+    """Periodic (Celery beat): maintenance windows about to start propose, once each,
+    what moves the running jobs off their nodes."""
+    result = services.maintenance_pre_actions_propose()
+    queue.actions_send(result.actions)
+    if result.windows:
+        logger.info("pre-maintenance: windows %s, actions %s", result.windows, result.actions)
+
+
 @shared_task(name="recovery.approvals_retire", time_limit=60, ignore_result=True)
 def approvals_retire() -> None:
     """Periodic (Celery beat): approvals whose target finished or moved on are retired

@@ -73,6 +73,10 @@ class PeriodForm(ClusterPeriodForm):
         return cluster, start, end, f"{start:%Y-%m-%d} to {end - timedelta(seconds=1):%Y-%m-%d}"
 
 
+def _pct(share: float | None) -> str | None:
+    return None if share is None else f"{100.0 * share:.1f}%"
+
+
 def _day(value, plus: int = 0) -> datetime:
     return datetime.combine(value + timedelta(days=plus), time.min, tzinfo=UTC)
 
@@ -116,6 +120,8 @@ def reliability(request):
             "cluster": cluster,
             "report": report,
             "goodput": goodput,
+            "goodput_pct": _pct(goodput["goodput"]),
+            "goodput_excl_pct": _pct(goodput["goodput_excluding_planned"]),
             "weeks": [
                 {**w, "pct": None if w["goodput"] is None else 100.0 * w["goodput"]}
                 for w in goodput["weeks"]

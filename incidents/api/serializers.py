@@ -103,6 +103,23 @@ class RepeatOffenderSerializer(serializers.Serializer):
     incidents = serializers.IntegerField()
 
 
+class PlannedFiguresSerializer(serializers.Serializer):
+    count = serializers.IntegerField(help_text="incidents of cause planned in the period")
+    lost_gpu_hours = serializers.FloatField()
+
+
+class PeriodGoodputSerializer(serializers.Serializer):
+    gpu_goodput = serializers.FloatField(
+        allow_null=True, help_text="productive / all GPU-seconds of the jobs in the period"
+    )
+    gpu_goodput_excluding_planned = serializers.FloatField(
+        allow_null=True,
+        help_text="the same with the badput of planned interruptions out of the denominator",
+    )
+    jobs = serializers.IntegerField()
+    jobs_without_ledger = serializers.IntegerField(help_text="left out: no ledger computed yet")
+
+
 class ReliabilitySerializer(serializers.Serializer):
     cluster = serializers.CharField(allow_null=True)
     start = serializers.DateTimeField()
@@ -117,6 +134,12 @@ class ReliabilitySerializer(serializers.Serializer):
     time_to_resume = DurationSummarySerializer()
     time_to_recover = DurationSummarySerializer()
     lost_gpu_hours = serializers.FloatField()
+    planned = PlannedFiguresSerializer(
+        help_text="interruptions inside maintenance windows: not failures, their cost apart"
+    )
+    goodput = PeriodGoodputSerializer(
+        help_text="estimated from the jobs' stored ledgers, as the report's weeks"
+    )
     repeat_offenders = RepeatOffenderSerializer(many=True)
 
 

@@ -109,9 +109,15 @@ class ReliabilityView(APIView):
         start = _when(request, "start") or end - timedelta(days=selectors.RELIABILITY_DEFAULT_DAYS)
         if end <= start:
             raise Invalid("end must be after start.", code="invalid_parameter", field="end")
-        figures = selectors.reliability(
-            cluster=request.query_params.get("cluster") or None, start=start, end=end
-        )
+        cluster = request.query_params.get("cluster") or None
+        figures = selectors.reliability(cluster=cluster, start=start, end=end)
+        weeks = selectors.goodput_by_week(cluster=cluster, start=start, end=end)
+        figures["goodput"] = {
+            "gpu_goodput": weeks["goodput"],
+            "gpu_goodput_excluding_planned": weeks["goodput_excluding_planned"],
+            "jobs": weeks["jobs"],
+            "jobs_without_ledger": weeks["jobs_without_ledger"],
+        }
         return Response(s.ReliabilitySerializer(figures).data)
 
 

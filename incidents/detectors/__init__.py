@@ -8,14 +8,16 @@ writes (opening and updating incidents, their timelines) are incidents.services'
   `crash_loop` (launches that keep failing);
 - `ranks`: the per-rank scores both the straggler detector and the API's ranks
   endpoint use;
-- `base`: what they share (a signal, a finding).
+- `base`: what they share (a signal, a finding);
+- `planned`: maintenance windows: nodes under maintenance raise nothing, and an
+  interruption inside a window is `planned`.
 
 `job_findings` puts them together for one pass.
 """
 
 from __future__ import annotations
 
-from incidents.detectors import crash_loop, episodes, straggler
+from incidents.detectors import crash_loop, episodes, planned, straggler
 from incidents.detectors.base import Finding
 from incidents.detectors.engine import Watch
 from jobs.models import TrainingJob
@@ -24,8 +26,11 @@ from jobs.models import TrainingJob
 def job_findings(*, job: TrainingJob, cfg: dict, watch: Watch | None) -> list[Finding]:
     """Every finding of the job: its launches' fault episodes, its crash loops and,
     with a `watch` (the full pass), its stragglers. `cfg`: the job's detector
-    settings, read once for the pass."""
-    findings = episodes.findings(job=job, cfg=cfg, watch=watch)
+    settings, read once for the pass. Maintenance windows (one query) spare their
+    nodes and make the interruptions inside them `planned` (detectors.planned)."""
+    spans = planned.job_spans(job)
+    watch = planned.spare_watch(watch, spans)
+    findings = planned.mark_planned(job, episodes.findings(job=job, cfg=cfg, watch=watch), spans)
     findings += crash_loop.findings(job=job, cfg=cfg, launch_findings=findings)
     if watch is not None:
         findings += straggler.findings(watch.stragglers)

@@ -47,6 +47,19 @@ class GoodputSerializer(serializers.Serializer):
     as_of = serializers.DateTimeField(
         allow_null=True, help_text="the job-clock time the figures run to"
     )
+    planned_s = serializers.FloatField(
+        help_text="badput of interruptions inside maintenance windows (seconds): a view"
+        " over the categories, not one more"
+    )
+    planned_gpu_seconds = serializers.FloatField(
+        help_text="the same, GPU-weighted (what those incidents' lost GPU-hours count)"
+    )
+    goodput_excluding_planned = serializers.FloatField(
+        allow_null=True, help_text="productive / (elapsed - planned_s)"
+    )
+    gpu_goodput_excluding_planned = serializers.FloatField(
+        allow_null=True, help_text="productive / (all - planned), by GPU-seconds"
+    )
 
 
 class CheckpointSerializer(serializers.ModelSerializer):

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from jobs.api import views
+from jobs.api import maintenance, views
 
 urlpatterns = [
     path("ingest", views.IngestView.as_view(), name="ingest"),
@@ -10,4 +10,15 @@ urlpatterns = [
     path("jobs/<slug:key>/attempts", views.JobAttemptsView.as_view(), name="job-attempts"),
     path("jobs/<slug:key>/checkpoints", views.JobCheckpointsView.as_view(), name="job-checkpoints"),
     path("jobs/<slug:key>/reopen", views.JobReopenView.as_view(), name="job-reopen"),
+    path("maintenance", maintenance.MaintenanceListView.as_view(), name="maintenance-list"),
+    path(
+        "maintenance/<int:pk>",
+        maintenance.MaintenanceDetailView.as_view(),
+        name="maintenance-detail",
+    ),
+    path(
+        "maintenance/<int:pk>/cancel",
+        maintenance.MaintenanceCancelView.as_view(),
+        name="maintenance-cancel",
+    ),
 ]

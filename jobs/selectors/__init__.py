@@ -8,6 +8,8 @@ per concern, the public reads re-exported here (`from jobs import selectors`):
   hour's goodput of many running jobs.
 - `steps`: the job page's step series, reduced to buckets, and goodput over time.
 - `charts`: the job page's checkpoint groups and rank heat map.
+- `maintenance`: which maintenance windows cover a node or a cluster at a time, and
+  the windows as listed.
 
 Where a read is worth keeping for the next reader (a ledger, the step buckets), the
 service of the same concern in `jobs.services` stores it.
@@ -44,6 +46,17 @@ from jobs.selectors.ledger import (
     jobs_recent_goodput,
     snapshot_usable,
 )
+from jobs.selectors.maintenance import (
+    WINDOW_STATES,
+    Span,
+    maintenance_active,
+    maintenance_nodes_under,
+    maintenance_pre_action_due,
+    maintenance_spans,
+    maintenance_window_list,
+    span_covering,
+    window_state,
+)
 from jobs.selectors.steps import (
     BUCKET_COLUMNS,
     StepBuckets,
@@ -60,7 +73,9 @@ __all__ = [
     "ACTIVITIES",
     "BUCKET_COLUMNS",
     "SILENT",
+    "WINDOW_STATES",
     "JobActivity",
+    "Span",
     "StepBuckets",
     "attach_summaries",
     "attempts_latest_first",
@@ -89,7 +104,14 @@ __all__ = [
     "kept_shares",
     "launch_node_names",
     "launch_order",
+    "maintenance_active",
+    "maintenance_nodes_under",
+    "maintenance_pre_action_due",
+    "maintenance_spans",
+    "maintenance_window_list",
     "snapshot_usable",
+    "span_covering",
     "step_buckets_key",
+    "window_state",
     "with_effective_end",
 ]

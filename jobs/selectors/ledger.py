@@ -28,8 +28,21 @@ def job_goodput(
         return job_ledger(job, start=start, end=end).as_dict()
     snapshot = job_ledger_snapshot(job)
     if snapshot_usable(job, snapshot, allow_stale=allow_stale):
-        return snapshot.figures
+        return _with_planned(snapshot.figures)
     return job_ledger(job).as_dict()
+
+
+def _with_planned(figures: dict) -> dict:
+    """A snapshot stored before the planned figures existed: none were known (a window
+    declared since stales the snapshot, see jobs.services.maintenance)."""
+    if "planned_s" in figures:
+        return figures
+    return figures | {
+        "planned_s": 0.0,
+        "planned_gpu_seconds": 0.0,
+        "goodput_excluding_planned": figures.get("goodput"),
+        "gpu_goodput_excluding_planned": figures.get("gpu_goodput"),
+    }
 
 
 def job_ledger_snapshot(job: TrainingJob) -> LedgerSnapshot | None:

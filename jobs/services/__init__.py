@@ -26,6 +26,7 @@ from jobs.services.ledger import (
     ledger_snapshot_ensure,
     ledger_snapshot_refresh,
 )
+from jobs.services.maintenance import maintenance_window_cancel, maintenance_window_create
 from jobs.services.nodes import (
     cluster_get_or_create,
     node_claim_spare,
@@ -60,6 +61,8 @@ __all__ = [
     "launch_reserve",
     "ledger_snapshot_ensure",
     "ledger_snapshot_refresh",
+    "maintenance_window_cancel",
+    "maintenance_window_create",
     "node_claim_spare",
     "node_mark_suspect",
     "node_set_state",

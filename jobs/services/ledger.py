@@ -7,7 +7,7 @@ import logging
 from django.db import IntegrityError, transaction
 
 from jobs import selectors
-from jobs.accounting import compute_ledger, job_ledger, load_lifecycle, load_steps
+from jobs.accounting import compute_ledger, job_ledger, load_lifecycle, load_spans, load_steps
 from jobs.models import LedgerSnapshot, TrainingJob
 from jobs.services.page_cache import step_buckets_ensure
 from jobs.signals import ledger_refreshed
@@ -18,13 +18,19 @@ logger = logging.getLogger(__name__)
 def ledger_snapshot_refresh(*, job: TrainingJob) -> bool:
     """Recompute the job's cumulative ledger unless the snapshot is current; tell
     the apps that derive figures from it. Returns whether it recomputed."""
-    job.refresh_from_db(fields=["revision", "last_event_ts"])
+    job.refresh_from_db(fields=["revision", "first_event_ts", "last_event_ts"])
     told = LedgerSnapshot.objects.filter(job=job).values_list("announced_revision", flat=True)
     if told.first() == job.revision:
         return False  # current, and announced (a reader's snapshot is not)
     revision = job.revision  # read before the history: a newer ingest makes it stale again
     steps = load_steps(job.id)
-    ledger = compute_ledger(job.key, load_lifecycle(job.id), steps, last_event_ts=job.last_event_ts)
+    ledger = compute_ledger(
+        job.key,
+        load_lifecycle(job.id),
+        steps,
+        last_event_ts=job.last_event_ts,
+        spans=load_spans(job),
+    )
     _snapshot_store(job=job, revision=revision, figures=ledger.as_dict(), announced=True)
     for receiver, result in ledger_refreshed.send_robust(
         sender=TrainingJob, job=job, ledger=ledger, steps=steps

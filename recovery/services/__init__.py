@@ -6,6 +6,7 @@
 - `decisions`: from the policies to the proposals for an incident;
 - `execution`: running a queued action, and the reconciler;
 - `pause`: each cluster's pause switch;
+- `maintenance`: the pre-maintenance proposals of maintenance windows about to start;
 - `launches`: the gate in front of a new launch, and its number.
 
 Services record and never send a task: their callers send what a new state calls
@@ -40,6 +41,7 @@ from recovery.services.execution import (
     backoff_s,
 )
 from recovery.services.launches import launch_admit, launch_gate
+from recovery.services.maintenance import PreMaintenance, maintenance_pre_actions_propose
 from recovery.services.pause import cluster_pause, cluster_resume
 from recovery.services.proposals import action_propose
 
@@ -54,6 +56,7 @@ __all__ = [
     "LaunchRefused",
     "Outcome",
     "OwnAction",
+    "PreMaintenance",
     "Reconciled",
     "Refused",
     "action_approve",
@@ -72,4 +75,5 @@ __all__ = [
     "incident_propose",
     "launch_admit",
     "launch_gate",
+    "maintenance_pre_actions_propose",
 ]

@@ -182,10 +182,12 @@ def action_execute(*, action_id: int) -> Outcome:
     # the guardrails let it start, and its target may have changed because of it.
     if action.attempts == 0:
         ctx = guardrails.Context(cluster_settings(action.cluster_id), now)
-        held = guardrails.pause(action, ctx)
+        # Held, not returned to approval: it goes once the pause (or the maintenance
+        # window) is over; the reconciler sends it again after HOLD_S.
+        held = guardrails.first_block(action, ctx, (guardrails.pause, guardrails.maintenance))
         if held:
             Action.objects.filter(pk=action.pk, state=S.QUEUED).update(
-                blocked_by="pause", blocked_reason=held, deadline=now + timedelta(seconds=HOLD_S)
+                blocked_by=held[0], blocked_reason=held[1], deadline=now + timedelta(seconds=HOLD_S)
             )
             return Outcome("held", action=action)
         gone = guardrails.moved_on(action, ctx)

@@ -88,6 +88,10 @@ def test_job_goodput(personas, job):
         "gpu_goodput",
         "slowdown_s",
         "as_of",
+        "planned_s",
+        "planned_gpu_seconds",
+        "goodput_excluding_planned",
+        "gpu_goodput_excluding_planned",
     }
     assert set(body["categories"]) == CATEGORIES == set(body["gpu_seconds"])
     c = body["categories"]
