@@ -59,6 +59,8 @@ def test_the_defaults(cluster):
         "repeat_offender": [("cordon_node", "approval")],
         "crash_loop": [],
         "preemption": [],
+        "planned": [],
+        "maintenance": [("replace_at_next_checkpoint", "approval")],
     }
 
 
