@@ -76,6 +76,7 @@ def test_every_page_renders_and_links_rows_with_any_stored_name(client, personas
         "/nodes/",
         "/nodes/?cluster=east",
         "/reliability/",
+        "/maintenance/",
         f"/status.json?nodes=all&actions={action.pk}",
     ]
     found = set()
@@ -129,8 +130,18 @@ API_LISTS = [
     "/api/v1/actions/",
     "/api/v1/reliability",
     "/api/v1/detector-settings",
+    "/api/v1/maintenance",
 ]
-PAGES = ["/", "/jobs/", "/incidents/", "/approvals/", "/nodes/", "/reliability/", "/status.json"]
+PAGES = [
+    "/",
+    "/jobs/",
+    "/incidents/",
+    "/approvals/",
+    "/nodes/",
+    "/reliability/",
+    "/maintenance/",
+    "/status.json",
+]
 NUL = "\x00"
 BAD = {
     "cluster": NUL,
