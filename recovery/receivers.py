@@ -1,9 +1,10 @@
-"""How recovery hears of the apps to its left: incidents opening or changing, and
-jobs saving checkpoints. Receivers only hand ids to Celery (recovery.queue), once
-committed."""
+"""How recovery hears of the apps to its left: incidents opening or changing, jobs
+saving checkpoints, and maintenance windows declared or cancelled. Receivers only
+hand ids to Celery (recovery.queue), once committed."""
 
 from incidents.models import Incident
 from recovery import queue
+from recovery.models import Action
 from recovery.selectors import actions_waiting_for_checkpoint
 
 
@@ -24,3 +25,13 @@ def on_events_stored(sender, job_ids, kinds, **kwargs):
     if saved:
         for action in actions_waiting_for_checkpoint(job_ids=saved):
             queue.action_execute_send(action)
+
+
+def on_maintenance_changed(sender, window_id, cluster_id, **kwargs):
+    """A window was cancelled (or declared): the actions it held may go now, without
+    waiting for the reconciler; those still under maintenance are held again."""
+    held = Action.objects.filter(
+        cluster_id=cluster_id, state=Action.State.QUEUED, blocked_by="maintenance"
+    )
+    for action in held:
+        queue.action_execute_send(action)

@@ -14,6 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from common.errors import Conflict, Invalid
+from common.time import TS_MAX, TS_MIN
 from jobs.models import Cluster, LedgerSnapshot, MaintenanceWindow, Node, TrainingJob
 from jobs.signals import maintenance_changed
 
@@ -36,6 +37,9 @@ def maintenance_window_create(
     created_by: str = "",
 ) -> MaintenanceWindow:
     """Declare planned maintenance of `nodes` (names in `cluster`; none: all of it)."""
+    for name, value in (("starts_at", starts_at), ("ends_at", ends_at)):
+        if not TS_MIN <= value.timestamp() <= TS_MAX:  # the years events may carry
+            raise Invalid(f"{name} is out of range.", code="invalid", field=name)
     if ends_at <= starts_at:
         raise Invalid("ends_at must be after starts_at.", code="invalid", field="ends_at")
     if ends_at - starts_at > MAX_LENGTH:

@@ -277,6 +277,8 @@ def test_the_list_filters(personas, east):
         ({"pre_action_lead_s": -1}, "pre_action_lead_s"),
         ({"reason": "x" * 301}, "reason"),
         ({"reason": "a\x00b"}, "reason"),
+        ({"starts_at": "0001-01-01T00:00:00Z"}, "starts_at"),
+        ({"starts_at": "0001-01-01T00:00:00+14:00"}, "starts_at"),
     ],
 )
 def test_bad_windows_are_a_400_naming_the_field(personas, east, change, field):

@@ -73,6 +73,18 @@ def test_an_action_on_a_job_running_on_a_node_under_maintenance_is_held(cluster,
     assert services.action_execute(action_id=queued.pk).what == "succeeded"
 
 
+def test_cancelling_the_window_sends_the_held_actions_at_once(
+    cluster, nodes, job, run_on_commit, noop
+):
+    queued = auto(cluster, "cordon_node", node=nodes["n03"])
+    window = declare(cluster, -60, 3600, ["n03"])
+    assert services.action_execute(action_id=queued.pk).what == "held"
+    with run_on_commit():
+        job_services.maintenance_window_cancel(window=window)
+    queued.refresh_from_db()
+    assert queued.state == S.SUCCEEDED  # sent again by the receiver, run inline
+
+
 def test_a_whole_cluster_window_holds_every_action(cluster, nodes, job):
     declare(cluster, -60, 3600)
     action = auto(cluster, "cordon_node", node=nodes["n09"])
