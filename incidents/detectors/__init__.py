@@ -31,7 +31,13 @@ def job_findings(*, job: TrainingJob, cfg: dict, watch: Watch | None) -> list[Fi
     spans = planned.job_spans(job)
     watch = planned.spare_watch(watch, spans)
     findings = planned.mark_planned(job, episodes.findings(job=job, cfg=cfg, watch=watch), spans)
-    findings += crash_loop.findings(job=job, cfg=cfg, launch_findings=findings)
+    # A loop of launches failing mostly inside maintenance is the maintenance, not a
+    # loop to stop: it opens nothing (and holds no launch back).
+    findings += [
+        f
+        for f in crash_loop.findings(job=job, cfg=cfg, launch_findings=findings)
+        if f.fields["cause"] != planned.PLANNED
+    ]
     if watch is not None:
         findings += straggler.findings(watch.stragglers)
     return findings

@@ -171,3 +171,16 @@ def test_planned_incidents_make_no_repeat_offender(ingest):
         detect(f"r{k}")
     assert not Incident.objects.filter(fault_type="repeat_offender").exists()
     assert Incident.objects.filter(cause=Incident.Cause.PLANNED).count() == 3
+
+
+def test_launches_failing_inside_a_window_are_no_crash_loop(ingest):
+    from tests.incidents.test_crash_loop import T0 as LOOP_T0
+    from tests.incidents.test_crash_loop import launch as loop_launch
+    from tests.incidents.test_crash_loop import loops
+
+    events = []
+    for a in range(1, 6):  # the storm of test_crash_loop, inside a window
+        events += loop_launch(a, (a - 1) * 300, restore=(a - 1) * 10 or None, save=a * 10)
+    window(0, 3600, t0=LOOP_T0)
+    assert loops(ingest, events) == []
+    assert Incident.objects.filter(cause=Incident.Cause.PLANNED).count() == 5
