@@ -17,8 +17,10 @@ from django.db import close_old_connections
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from common.time import dt
 from incidents import services as incident_services
 from incidents.models import Incident
+from jobs import services as job_services
 from jobs.models import Cluster, TrainingJob
 from recovery import services as recovery_services
 from tests.conftest import examples
@@ -108,8 +110,12 @@ def world(ingest, personas):
         requested_by_user=personas["operator"].user,
     )
     incidents = list(Incident.objects.filter(job=job).values_list("pk", flat=True))
+    window = job_services.maintenance_window_create(
+        cluster=cluster, starts_at=dt(T0 + 150), ends_at=dt(T0 + 250), nodes=["n2"]
+    )
     KNOWN.clear()
-    KNOWN.update({"key": [JOB], "name": [CLUSTER], "id": [action.pk, *incidents]})
+    ids = [action.pk, *incidents, window.pk]
+    KNOWN.update({"key": [JOB], "name": [CLUSTER], "id": ids})
     yield KNOWN
     KNOWN.clear()
 
