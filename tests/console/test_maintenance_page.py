@@ -118,3 +118,27 @@ def test_reliability_and_job_pages_show_planned_interruptions(client, personas, 
     html = r.content.decode()
     assert r.status_code == 200
     assert "Planned interruptions" in html and "without planned interruptions" in html
+
+
+def test_the_page_and_the_api_list_in_a_fixed_number_of_queries(client, personas, east):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    client.force_login(personas["viewer"].user)
+    api = personas["viewer"].client()
+
+    def counts():
+        with CaptureQueriesContext(connection) as page:
+            assert client.get("/maintenance/").status_code == 200
+        with CaptureQueriesContext(connection) as listed:
+            assert api.get("/api/v1/maintenance").status_code == 200
+        return len(page.captured_queries), len(listed.captured_queries)
+
+    services.maintenance_window_create(cluster=east, starts_at=at(1), ends_at=at(2), nodes=["n1"])
+    counts()  # the first request of a token records its use
+    few = counts()
+    for k in range(5):
+        services.maintenance_window_create(
+            cluster=east, starts_at=at(3 + k), ends_at=at(4 + k), nodes=["n1", "n2"]
+        )
+    assert counts() == few
