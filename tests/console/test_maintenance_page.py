@@ -142,3 +142,22 @@ def test_the_page_and_the_api_list_in_a_fixed_number_of_queries(client, personas
             cluster=east, starts_at=at(3 + k), ends_at=at(4 + k), nodes=["n1", "n2"]
         )
     assert counts() == few
+
+
+def test_the_admin_lists_and_cancels_windows(client, personas, east):
+    window = services.maintenance_window_create(
+        cluster=east, starts_at=at(1), ends_at=at(2), reason="in the admin"
+    )
+    admin = personas["admin"].user
+    admin.is_staff = admin.is_superuser = True
+    admin.save()
+    client.force_login(admin)
+    assert b"in the admin" in client.get("/admin/jobs/maintenancewindow/").content
+    assert client.get("/admin/jobs/maintenancewindow/add/").status_code == 403
+    r = client.post(
+        "/admin/jobs/maintenancewindow/",
+        {"action": "cancel", "_selected_action": [window.pk]},
+    )
+    assert r.status_code == 302
+    window.refresh_from_db()
+    assert window.cancelled_at is not None
