@@ -123,9 +123,7 @@ def test_an_incident_not_yet_recovered_has_phases_not_reached(personas):
     assert got["catching_up"] is None
 
 
-def test_many_incidents_take_a_fixed_number_of_queries(
-    sample_incidents, django_assert_num_queries
-):
+def test_many_incidents_take_a_fixed_number_of_queries(sample_incidents, django_assert_num_queries):
     for incident in sample_incidents:
         action = ActionFactory(
             kind="restart_job", job=incident.job, incident=incident, state="succeeded"
