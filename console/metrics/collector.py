@@ -307,40 +307,40 @@ class ReboundCollector:
         )
 
     def _queues(self):
-        """Each Celery queue's length on a Redis broker; absent with another broker, and
+        """Each Celery queue's length on a Redis broker. The family is always there (a
+        dashboard's query stays valid); its samples are absent with another broker, and
         with a Redis that does not answer (rebound_scrape_errors{source="broker"})."""
-        url = settings.CELERY_BROKER_URL
-        if not url.startswith(("redis://", "rediss://", "unix://")):
-            return
-        names = queue_names(settings.CELERY_TASK_DEFAULT_QUEUE)
-        try:
-            lengths = broker_queue_lengths(url, names)
-        except Exception as exc:  # any failure of the broker leaves its metric out
-            self.errors["broker"] = 1
-            logger.warning("metrics: the broker did not answer: %s", exc)
-            return
         fam = GaugeMetricFamily(
             "rebound_celery_queue_length",
             "Messages waiting in each Celery queue on the broker (not yet taken by a worker).",
             labels=["queue"],
         )
-        for name in names:
-            fam.add_metric([name], lengths[name])
+        url = settings.CELERY_BROKER_URL
+        if url.startswith(("redis://", "rediss://", "unix://")):
+            names = queue_names(settings.CELERY_TASK_DEFAULT_QUEUE)
+            try:
+                lengths = broker_queue_lengths(url, names)
+            except Exception as exc:  # any failure of the broker leaves its samples out
+                self.errors["broker"] = 1
+                logger.warning("metrics: the broker did not answer: %s", exc)
+            else:
+                for name in names:
+                    fam.add_metric([name], lengths[name])
         yield fam
 
     def _refusals(self):
-        try:
-            counts = refusals.counts()
-        except Exception as exc:  # a cache that is away: absent, not a false reset to 0
-            self.errors["cache"] = 1
-            logger.warning("metrics: the cache did not answer: %s", exc)
-            return
         fam = CounterMetricFamily(
             "rebound_ingest_refused_requests",
             "Ingest requests refused, by reason (the error's code); kept in the cache, so"
             " it restarts from 0 when the cache is emptied.",
             labels=["reason"],
         )
+        try:
+            counts = refusals.counts()
+        except Exception as exc:  # a cache that is away: no samples, not a false reset to 0
+            self.errors["cache"] = 1
+            logger.warning("metrics: the cache did not answer: %s", exc)
+            counts = {}
         for reason, n in counts.items():
             fam.add_metric([reason], n)
         yield fam
