@@ -382,12 +382,14 @@ def test_allowed_addresses_need_no_token(settings, client, db):
     )
 
 
-def test_only_get(personas):
+def test_only_get_and_head(personas):
     response = _refusal(viewer(personas).post("/metrics"), 405, "method_not_allowed")
     assert response["Allow"] == "GET, HEAD"
+    assert viewer(personas).head("/metrics").status_code == 200
+    assert APIClient().head("/metrics").status_code == 401  # a HEAD answer has no body
 
 
-def test_the_allow_from_setting_refuses_what_is_not_a_network(monkeypatch):
+def test_the_allow_from_setting_refuses_what_is_not_a_network():
     import subprocess
     import sys
 
