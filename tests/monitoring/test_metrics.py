@@ -405,3 +405,18 @@ def test_the_allow_from_setting_refuses_what_is_not_a_network():
     )
     assert out.returncode != 0
     assert "REBOUND_METRICS_ALLOW_FROM must be comma-separated CIDRs" in out.stderr
+
+
+def test_the_database_away_is_a_503_prometheus_sees_as_down(personas, monkeypatch):
+    from django.db import OperationalError
+
+    from console.metrics.collector import ReboundCollector
+
+    def away(self):
+        raise OperationalError("connection refused")
+        yield  # a generator, as collect is
+
+    monkeypatch.setattr(ReboundCollector, "collect", away)
+    response = viewer(personas).get("/metrics")
+    assert response.status_code == 503
+    assert response["Retry-After"]
