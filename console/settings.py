@@ -81,6 +81,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Counts ingest refusals as they leave (console.metrics.refusals): outside ErrorAnswers.
+    "console.metrics.refusals.IngestRefusals",
     # Before session, CSRF and auth: what they refuse under /api/ gets the API's shape.
     "console.exceptions.ErrorAnswers",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -399,6 +401,33 @@ CELERY_BEAT_SCHEDULE["storage-upkeep"] = {
     "task": "incidents.storage_upkeep",
     "schedule": REBOUND_UPKEEP_EVERY_S,
 }
+
+# Prometheus metrics at /metrics (console.metrics, docs/monitoring.md). Who may scrape:
+# a bearer token (any API token, or REBOUND_METRICS_TOKEN, a secret for the scraper
+# alone), a signed-in user with a role, or a client in REBOUND_METRICS_ALLOW_FROM
+# (comma-separated CIDRs, e.g. 10.0.0.0/8,127.0.0.1/32; default none).
+REBOUND_METRICS_TOKEN = os.environ.get("REBOUND_METRICS_TOKEN", "").strip()
+
+
+def _networks(name: str) -> list:
+    import ipaddress
+
+    out = []
+    for part in os.environ.get(name, "").split(","):
+        if part.strip():
+            try:
+                out.append(ipaddress.ip_network(part.strip(), strict=False))
+            except ValueError as exc:
+                raise ImproperlyConfigured(
+                    f"{name} must be comma-separated CIDRs (10.0.0.0/8,::1/128): {exc}"
+                ) from exc
+    return out
+
+
+REBOUND_METRICS_ALLOW_FROM = _networks("REBOUND_METRICS_ALLOW_FROM")
+# A job's goodput and badput series are exported while it runs and for this long after
+# it was last heard from or finished, so that old jobs do not grow the series forever.
+REBOUND_METRICS_JOB_HORIZON_S = env_seconds("REBOUND_METRICS_JOB_HORIZON_S", 86400, 0, 1e9)
 
 LOGGING = {
     "version": 1,
