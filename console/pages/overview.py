@@ -22,6 +22,7 @@ from django.utils.safestring import mark_safe
 
 from console.charts import NODE_STATE_COLOURS
 from console.pages.common import job_heard, span, viewer_page
+from incidents.costs import lost_cost_recent
 from incidents.models import Incident
 from incidents.selectors import incident_list, lost_gpu_hours_recent
 from jobs import selectors as jobs
@@ -227,6 +228,7 @@ def page(request):
             "approvals": approvals,
             "approvals_total": waiting.count(),
             "lost": lost_gpu_hours_recent(),
+            "lost_cost": lost_cost_recent(),
             "recent_window_min": int(RECENT_WINDOW_S // 60),
             "silent_after": span(jobs.job_silent_after_s()),
         },

@@ -1,5 +1,7 @@
 """Template filters of the console pages."""
 
+from decimal import Decimal
+
 from django import template
 
 from console.charts import byte_size as _byte_size
@@ -31,3 +33,26 @@ def byte_size(value) -> str:
     if value is None or value == "":
         return "\u2013"
     return _byte_size(float(value))
+
+
+# Currencies written with their sign before the amount; others get their code after it.
+CURRENCY_SIGNS = {"USD": "$"}
+
+
+def _amount(value: Decimal) -> str:
+    """Whole units with thousands separators; cents below 100 (where they matter)."""
+    return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
+
+
+@register.filter
+def money(value) -> str:
+    """Money for people: "$1,234", "1,234 EUR"; several currencies joined with " + "
+    (a dict {currency: amount}, the reliability report's); none: an en dash."""
+    if not value:
+        return "\u2013"
+    if isinstance(value, dict):
+        return " + ".join(money((amount, currency)) for currency, amount in value.items())
+    amount, currency = value
+    sign = CURRENCY_SIGNS.get(currency)
+    text = _amount(Decimal(amount))
+    return f"{sign}{text}" if sign else f"{text} {currency}"
