@@ -1,6 +1,6 @@
 """Template filters of the console pages."""
 
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 
 from django import template
 
@@ -41,7 +41,8 @@ CURRENCY_SIGNS = {"USD": "$"}
 
 def _amount(value: Decimal) -> str:
     """Whole units with thousands separators; cents below 100 (where they matter)."""
-    return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
+    unit = Decimal("0.01") if abs(value) < 100 else Decimal(1)
+    return f"{value.quantize(unit, rounding=ROUND_HALF_UP):,}"
 
 
 @register.filter
