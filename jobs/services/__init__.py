@@ -42,7 +42,7 @@ from jobs.services.page_cache import (
     recent_read,
     step_buckets_ensure,
 )
-from jobs.services.pricing import cluster_pricing_set
+from jobs.services.pricing import cluster_pricing_set, node_set_pool
 
 __all__ = [
     "HistoryConflict",
@@ -65,6 +65,7 @@ __all__ = [
     "ledger_snapshot_refresh",
     "node_claim_spare",
     "node_mark_suspect",
+    "node_set_pool",
     "node_set_state",
     "rank_heatmap_ensure",
     "recent_read",

@@ -11,7 +11,7 @@ from decimal import Decimal
 from django.db import transaction
 
 from common.errors import Invalid
-from jobs.models import Cluster, NodePoolPrice
+from jobs.models import Cluster, Node, NodePoolPrice
 
 audit = logging.getLogger("rebound.audit")
 
@@ -89,3 +89,10 @@ def cluster_pricing_set(
         )
         transaction.on_commit(lambda: audit.info(message))
     cluster.gpu_hour_price, cluster.currency = gpu_hour_price, currency
+
+
+def node_set_pool(*, node_id: int, pool: str) -> None:
+    """Puts a node in a node pool ('' takes it out): it is priced at the pool's price."""
+    if pool:
+        pool_check(pool)
+    Node.objects.filter(pk=node_id).update(pool=pool)
