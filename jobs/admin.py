@@ -58,8 +58,27 @@ class ClusterAdmin(admin.ModelAdmin):
     inlines = [NodePoolPriceInline]
 
 
+class NodeForm(forms.ModelForm):
+    class Meta:
+        model = Node
+        fields = [
+            "cluster",
+            "name",
+            "state",
+            "gpus",
+            "last_heartbeat_at",
+            "last_heard_at",
+            "registered",
+            "pool",
+        ]
+
+    def clean_pool(self):
+        return _checked(pool_check, self.cleaned_data.get("pool"))
+
+
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
+    form = NodeForm
     list_display = ["name", "cluster", "pool", "state", "last_heartbeat_at"]
     list_filter = ["cluster", "state", "pool"]
     search_fields = ["name", "pool"]

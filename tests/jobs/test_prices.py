@@ -278,3 +278,10 @@ def test_the_admin_edits_prices_pools_inline_and_a_nodes_pool(client, django_use
     assert r.status_code == 200 and east.pool_prices.count() == 1  # refused
     html = client.get(f"/admin/jobs/node/{node.pk}/change/").content.decode()
     assert 'name="pool"' in html
+    node_form = {"cluster": east.pk, "name": "n01", "state": "active", "registered": "on"}
+    r = client.post(f"/admin/jobs/node/{node.pk}/change/", {**node_form, "pool": "bad pool"})
+    assert r.status_code == 200 and "pool name" in r.content.decode()
+    r = client.post(f"/admin/jobs/node/{node.pk}/change/", {**node_form, "pool": "h100"})
+    assert r.status_code == 302
+    node.refresh_from_db()
+    assert node.pool == "h100"
