@@ -10,7 +10,12 @@ from jobs.models import Node
 
 # An amount of money on the wire: a number to the cent, or null (no price).
 MONEY = serializers.DecimalField(
-    max_digits=24, decimal_places=2, coerce_to_string=False, allow_null=True, read_only=True
+    max_digits=24,
+    decimal_places=2,
+    min_value=0,
+    coerce_to_string=False,
+    allow_null=True,
+    read_only=True,
 )
 CURRENCY = serializers.CharField(allow_null=True, read_only=True, min_length=3, max_length=3)
 

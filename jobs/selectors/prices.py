@@ -35,7 +35,7 @@ class Cost(NamedTuple):
     currency: str
 
 
-@dataclass(frozen=True)
+@dataclass
 class ClusterPrices:
     price: Decimal | None  # the cluster's price per GPU-hour; None: unpriced
     currency: str
@@ -75,7 +75,9 @@ class PriceBook:
         c = self.clusters.get(cluster_id)
         return bool(c and c.pools)
 
-    def cost(self, cluster_id: int, gpu_seconds: float, pools: Counter | None = None):
+    def cost(
+        self, cluster_id: int, gpu_seconds: float, pools: Counter | None = None
+    ) -> Cost | None:
         """`gpu_seconds` of the cluster in money (a Cost), spent evenly over nodes
         counted by pool (`{pool: nodes}`, None: unknown, at the cluster's price);
         None where there is no price."""
