@@ -20,6 +20,7 @@ from console.charts.incidents import LOST_COLOURS, lost_figure, timeline_figure
 from console.pages.common import DayField, answer, can_operate, operator_post, viewer_page
 from incidents import selectors, services
 from incidents.api.serializers import POSTMORTEM_MAX, RESOLVE_NOTE_MAX, ROOT_CAUSE_MAX
+from incidents.costs import attach_costs
 from incidents.models import Incident
 from jobs.models import Cluster
 from recovery.models import Action
@@ -154,6 +155,7 @@ def incident_list(request):
         form.is_valid()  # the valid fields filter; the errors are shown
     incidents = selectors.incident_list(**form.filters(timezone.now()))
     page = Paginator(incidents, PER_PAGE).get_page(request.GET.get("page"))
+    attach_costs(page.object_list)  # the page's prices read once, not per row
     link = _Links()
     return render(
         request,
@@ -187,6 +189,7 @@ def incident_detail(request, pk):
     incident = selectors.incident_list().filter(pk=pk).first()
     if incident is None:
         raise Http404("No such incident.")
+    attach_costs([incident])
     timeline = selectors.incident_timeline(incident=incident)
     entries = timeline["head"] + timeline["tail"]
     actions, actions_total = _actions(incident)

@@ -13,6 +13,7 @@ from common.params import bool_param, choice_param, int_param, period_params, ti
 from common.time import dt
 from incidents import selectors, services
 from incidents.api import serializers as s
+from incidents.costs import attach_costs
 from incidents.models import Incident
 from incidents.settings import detector_settings_table, detector_settings_update
 from jobs.api.serializers import TIME_SCHEMA
@@ -42,6 +43,11 @@ class IncidentListView(generics.ListAPIView):
             since=_when(r, "since"),
             until=_when(r, "until"),
         )
+
+    def paginate_queryset(self, queryset):
+        page = super().paginate_queryset(queryset)
+        attach_costs(page or [])  # the page's prices read once, not per row
+        return page
 
 
 def _when(request, name):
