@@ -172,3 +172,21 @@ def test_a_storm_trip_is_announced_once_per_cluster_and_trip(
     Announcement.objects.update(at=timezone.now() - timedelta(hours=1))
     services.storm_trip_record(action=held[1])
     assert Notification.objects.filter(event="storm_tripped").count() == 2
+
+
+def test_delivery_is_handed_over_durably_and_lost_messages_are_sent_again(job):
+    """The delivery's outbox row is written with the notification (it survives a broker
+    outage); a pending row long past due (its message lost) is sent again."""
+    from common.models import OutboxEntry
+
+    make_rule(make_channel("webhook", "http://127.0.0.1:9/"), group_window_s=60)
+    incident_opened.send(sender=Incident, incident=make_incident(job))
+    n = Notification.objects.get()
+    entry = OutboxEntry.objects.get(task="notify.deliver", key=str(n.pk))
+    assert entry.args == [n.pk]
+    assert abs((entry.due_at - n.next_attempt_at).total_seconds()) < 1
+    OutboxEntry.objects.all().delete()  # the task started and died with its worker
+    assert services.notifications_resend(now=n.next_attempt_at) == 0  # not late yet
+    late = n.next_attempt_at + timedelta(seconds=services.RESEND_AFTER_S + 1)
+    assert services.notifications_resend(now=late) == 1
+    assert OutboxEntry.objects.filter(task="notify.deliver", key=str(n.pk)).exists()
