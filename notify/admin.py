@@ -2,6 +2,7 @@
 notifications with their delivery attempts (read-only: they are a record)."""
 
 from django.contrib import admin, messages
+from django.db import models
 
 from notify import services
 from notify.models import Channel, DeliveryAttempt, Notification, Rule
@@ -20,6 +21,7 @@ class ChannelAdmin(admin.ModelAdmin):
     search_fields = ["name", "url"]
     inlines = [RuleInline]
     actions = ["send_test"]
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
 
     @admin.action(description="Send test")
     def send_test(self, request, queryset):

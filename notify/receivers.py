@@ -37,5 +37,6 @@ def on_action_changed(sender, action, from_state, to_state, why, **kwargs):
             action=action,
             detail={"why": why},
         )
-    if action.blocked_by.startswith("storm"):
+    # Held by the storm guardrail: proposed or sent back to the approval queue by it.
+    if moved and to_state == S.AWAITING_APPROVAL and action.blocked_by.startswith("storm"):
         services.storm_trip_record(action=action)

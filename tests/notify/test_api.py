@@ -166,3 +166,19 @@ def test_notifications_are_listed_by_incident(personas, job):
     r = viewer.get(NOTIFICATIONS, {"incident": "x"})
     assert r.status_code == 400 and r.json()["field"] == "incident"
     assert viewer.get(NOTIFICATIONS, {"state": "lost"}).status_code == 400
+
+
+def test_the_admin_sends_a_test_through_a_channel(admin_client, receiver):
+    channel = make_channel("webhook", receiver.url)
+    r = admin_client.post(
+        "/admin/notify/channel/",
+        {"action": "send_test", "_selected_action": [channel.pk]},
+        follow=True,
+    )
+    assert r.status_code == 200
+    assert "Webhook-channel: sent (" in r.content.decode()  # the admin capitalises
+    [body] = receiver.bodies()
+    assert body["event"] == "test"
+    n = Notification.objects.get(event="test")
+    assert admin_client.get(f"/admin/notify/notification/{n.pk}/change/").status_code == 200
+    assert admin_client.get(f"/admin/notify/channel/{channel.pk}/change/").status_code == 200
