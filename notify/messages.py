@@ -279,4 +279,5 @@ def email_message(m: Message) -> tuple[str, str]:
     if m.notification.detail.get("why"):
         lines += ["", m.notification.detail["why"]]
     lines += ["", f"Sent by Rebound at {m.sent_at}."]
-    return f"[Rebound] {m.title}"[:200], "\n".join(lines)
+    subject = " ".join(f"[Rebound] {m.title}".split())  # no line breaks in a header
+    return subject[:200], "\n".join(lines)
