@@ -182,3 +182,27 @@ def test_the_admin_sends_a_test_through_a_channel(admin_client, receiver):
     n = Notification.objects.get(event="test")
     assert admin_client.get(f"/admin/notify/notification/{n.pk}/change/").status_code == 200
     assert admin_client.get(f"/admin/notify/channel/{channel.pk}/change/").status_code == 200
+
+
+def test_the_notifications_list_costs_the_same_queries_for_one_or_many(
+    personas, job, receiver, django_assert_max_num_queries
+):
+    from notify import services
+
+    channel = make_channel("webhook", receiver.url, rate_limit_per_minute=0)
+    make_rule(channel, group_window_s=0)
+    viewer = personas["viewer"].client()
+
+    def add(count):
+        for _ in range(count):
+            incident_opened.send(sender=Incident, incident=make_incident(job))
+            n = Notification.objects.get(state="pending")
+            services.notification_deliver(notification_id=n.pk)
+
+    add(1)
+    with django_assert_max_num_queries(12) as one:
+        assert len(viewer.get(NOTIFICATIONS).json()["results"]) >= 1
+    add(5)
+    with django_assert_max_num_queries(len(one.captured_queries)):
+        results = viewer.get(NOTIFICATIONS).json()["results"]
+    assert len(results) == 6 and all(r["delivery_attempts"] for r in results)
