@@ -190,3 +190,25 @@ def test_delivery_is_handed_over_durably_and_lost_messages_are_sent_again(job):
     late = n.next_attempt_at + timedelta(seconds=services.RESEND_AFTER_S + 1)
     assert services.notifications_resend(now=late) == 1
     assert OutboxEntry.objects.filter(task="notify.deliver", key=str(n.pk)).exists()
+
+
+def test_a_rolled_back_change_notifies_nobody(job, django_capture_on_commit_callbacks):
+    from django.db import transaction
+
+    from incidents import services as incident_services
+
+    make_rule(make_channel("webhook", "http://127.0.0.1:9/"))
+    incident = make_incident(job)
+    action = ActionFactory(kind="restart_job", job=job, cluster=job.cluster, state=S.RUNNING)
+    with (
+        django_capture_on_commit_callbacks(execute=True),
+        pytest.raises(RuntimeError),
+        transaction.atomic(),
+    ):
+        incident_services.incident_resolve(incident=incident, actor="operator")
+        action_transition(action=action, to=S.FAILED, actor="rebound:worker", why="boom")
+        raise RuntimeError("rolled back")
+    assert not Notification.objects.exists()
+    with django_capture_on_commit_callbacks(execute=True):
+        incident_services.incident_resolve(incident=incident, actor="operator")
+    assert list(Notification.objects.values_list("event", flat=True)) == ["incident_resolved"]
