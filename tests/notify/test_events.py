@@ -207,6 +207,7 @@ def test_a_rolled_back_change_notifies_nobody(job, django_capture_on_commit_call
     ):
         incident_services.incident_resolve(incident=incident, actor="operator")
         action_transition(action=action, to=S.FAILED, actor="rebound:worker", why="boom")
+        assert not Notification.objects.exists()  # nothing is announced before the commit
         raise RuntimeError("rolled back")
     assert not Notification.objects.exists()
     with django_capture_on_commit_callbacks(execute=True):
