@@ -257,13 +257,11 @@ def notification_deliver(
     n.refresh_from_db()
     started = time.monotonic()
     if channel.enabled:
-        message = messages.message_build(n)
-        sent = _send(channel, message)
+        sent = _send(channel, messages.message_build(n))
     else:
-        message = None
         sent = transport.Sent.from_error("the channel is disabled", permanent=True)
     duration = time.monotonic() - started
-    return _attempt_end(n, attempt, sent, duration, message, max_attempts)
+    return _attempt_end(n, attempt, sent, duration, max_attempts)
 
 
 def _slot_wait_s(channel: Channel, now) -> float:
@@ -304,7 +302,7 @@ def _send(channel: Channel, m: messages.Message) -> transport.Sent:
     return transport.send_email(subject, body, list(channel.emails))
 
 
-def _attempt_end(n, attempt, sent, duration, message, max_attempts) -> Delivery:
+def _attempt_end(n, attempt, sent, duration, max_attempts) -> Delivery:
     now = timezone.now()
     number = attempt.number
     attempt.outcome = DeliveryAttempt.Outcome.SENT if sent.ok else DeliveryAttempt.Outcome.ERROR
@@ -323,7 +321,7 @@ def _attempt_end(n, attempt, sent, duration, message, max_attempts) -> Delivery:
         Notification.objects.filter(pk=n.pk, state=P.PENDING, attempts=number).update(**fields)
         if retry_in is not None:
             _deliver_later(n.pk, retry_in)
-        _timeline_add(n, attempt, outcome, retry_in, message, max_attempts)
+        _timeline_add(n, attempt, outcome, retry_in, max_attempts)
     if not sent.ok:
         logger.warning(
             "notification #%s via %s: attempt %s %s: %s",
@@ -336,7 +334,7 @@ def _attempt_end(n, attempt, sent, duration, message, max_attempts) -> Delivery:
     return Delivery(outcome, attempt, retry_in)
 
 
-def _timeline_add(n, attempt, outcome, retry_in, message, max_attempts) -> None:
+def _timeline_add(n, attempt, outcome, retry_in, max_attempts) -> None:
     """The attempt on the timeline of every incident the message is about."""
     ids = sorted(set(n.incidents.values_list("pk", flat=True)))
     if not ids:
