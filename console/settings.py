@@ -233,6 +233,8 @@ SPECTACULAR_SETTINGS = {
         "ActionKindEnum": "recovery.models.Action.Kind",
         "ActionStateEnum": "recovery.models.Action.State",
         "IncidentStateEnum": "incidents.models.Incident.State",
+        "SeverityEnum": "incidents.models.Incident.Severity",
+        "CauseEnum": "incidents.models.Incident.Cause",
         "NodeStateEnum": "jobs.models.Node.State",
     },
 }
@@ -317,6 +319,9 @@ REBOUND_TASK_QUEUES = {
     "recovery.actions_reconcile": "default",
     "recovery.approvals_expire": "default",
     "recovery.approvals_retire": "default",
+    # Notifications (notify): short HTTP posts with short timeouts; the pager must not
+    # wait behind a detection backlog or a long action.
+    "notify.*": "default",
 }
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
@@ -346,6 +351,9 @@ CELERY_BEAT_SCHEDULE = {
     "recovery-retire-approvals": {"task": "recovery.approvals_retire", "schedule": 60.0},
     # Work whose send failed or whose message the broker lost (common.outbox).
     "outbox-drain": {"task": "common.outbox_drain", "schedule": 5.0},
+    # Approvals about to expire unapproved; notifications whose message was lost.
+    "notify-approvals-expiring": {"task": "notify.approvals_expiring", "schedule": 60.0},
+    "notify-resend": {"task": "notify.resend", "schedule": 60.0},
 }
 # The driver of a cluster with no recovery settings of its own (recovery.drivers).
 REBOUND_RECOVERY_DRIVER = os.environ.get("REBOUND_RECOVERY_DRIVER", "local")
@@ -428,6 +436,28 @@ REBOUND_METRICS_ALLOW_FROM = _networks("REBOUND_METRICS_ALLOW_FROM")
 # A job's goodput and badput series are exported while it runs and for this long after
 # it was last heard from or finished, so that old jobs do not grow the series forever.
 REBOUND_METRICS_JOB_HORIZON_S = env_seconds("REBOUND_METRICS_JOB_HORIZON_S", 86400, 0, 1e9)
+# Notifications (notify, docs/notifications.md). The console's external base URL: every
+# message links to an incident's or the approvals page under it.
+REBOUND_PUBLIC_URL = os.environ.get("REBOUND_PUBLIC_URL") or "http://127.0.0.1:8000"
+if not REBOUND_PUBLIC_URL.startswith(("http://", "https://")):
+    raise ImproperlyConfigured(
+        f"REBOUND_PUBLIC_URL must be an http:// or https:// URL, not {REBOUND_PUBLIC_URL!r}."
+    )
+# Each HTTP post's timeout; a failed delivery is tried again after base, 2 x base, ...
+# up to the cap (6 attempts in all); an approval still waiting this long before it
+# expires is announced.
+REBOUND_NOTIFY_HTTP_TIMEOUT_S = env_seconds("REBOUND_NOTIFY_HTTP_TIMEOUT_S", 5, 0.1, 60)
+REBOUND_NOTIFY_RETRY_BASE_S = env_seconds("REBOUND_NOTIFY_RETRY_BASE_S", 10, 0.1, 3600)
+REBOUND_NOTIFY_RETRY_MAX_S = env_seconds("REBOUND_NOTIFY_RETRY_MAX_S", 300, 1, 86400)
+REBOUND_NOTIFY_APPROVAL_WARN_S = env_seconds("REBOUND_NOTIFY_APPROVAL_WARN_S", 600, 0, 86400)
+# E-mail channels send through this SMTP server.
+EMAIL_HOST = os.environ.get("REBOUND_EMAIL_HOST", "localhost")
+EMAIL_PORT = int(os.environ.get("REBOUND_EMAIL_PORT") or "25")
+EMAIL_HOST_USER = os.environ.get("REBOUND_EMAIL_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("REBOUND_EMAIL_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("REBOUND_EMAIL_TLS", False)
+EMAIL_TIMEOUT = 10
+DEFAULT_FROM_EMAIL = os.environ.get("REBOUND_EMAIL_FROM", "rebound@localhost")
 
 LOGGING = {
     "version": 1,
