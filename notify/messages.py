@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.utils import timezone
 
+from incidents.costs import attach_costs
 from incidents.models import Incident
 from notify.models import Event, Notification
 from recovery.models import Action
@@ -59,8 +60,10 @@ def _iso(value) -> str | None:
 
 
 def incident_item(incident: Incident) -> dict:
-    """An incident as every message lists it: the one place its fields are chosen
-    (lost money, once a cluster has a price per GPU-hour, goes here)."""
+    """An incident as every message lists it: the one place its fields are chosen.
+    `incident.lost_cost` (incidents.costs.attach_costs) is its lost compute in money:
+    null where its cluster has no price per GPU-hour."""
+    cost = getattr(incident, "lost_cost", None)
     return {
         "type": "incident",
         "id": incident.pk,
@@ -77,6 +80,8 @@ def incident_item(incident: Incident) -> dict:
         "opened_at": _iso(incident.opened_at),
         "resolved_at": _iso(incident.resolved_at),
         "lost_gpu_hours": round(incident.lost_gpu_hours, 3),
+        "lost_cost": None if cost is None else float(cost.amount),
+        "currency": None if cost is None else cost.currency,
         "url": public_url(f"/incidents/{incident.pk}/"),
     }
 
@@ -148,7 +153,7 @@ def _line(item: dict) -> str:
     if item["type"] == "incident":
         return (
             f"#{item['id']} {item['summary']} ({item['cause']}, {item['severity']},"
-            f" job {item['job']}, {item['lost_gpu_hours']:g} GPU-h lost)"
+            f" job {item['job']}, {item['lost_gpu_hours']:g} GPU-h{_money(item)} lost)"
         )
     target = (
         ", ".join(f"{k} {item[k]}" for k in ("node", "job") if item.get(k))
@@ -160,12 +165,19 @@ def _line(item: dict) -> str:
     )
 
 
+def _money(item: dict) -> str:
+    if item.get("lost_cost") is None:
+        return ""
+    return f" = {item['lost_cost']:,.2f} {item['currency']}"
+
+
 def message_build(notification: Notification) -> Message:
     incident_ids = [s["incident"] for s in notification.subjects if "incident" in s]
     action_ids = [s["action"] for s in notification.subjects if "action" in s]
     incidents = (
         Incident.objects.select_related("job", "cluster").prefetch_related("nodes")
     ).in_bulk(incident_ids)
+    attach_costs(incidents.values())
     actions = Action.objects.select_related("cluster", "node", "job").in_bulk(action_ids)
     items, kept = [], []
     for s in notification.subjects:

@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import json
 import time
+from decimal import Decimal
 
 import pytest
 from django.core import mail
@@ -71,6 +72,7 @@ def test_the_webhook_payload_is_signed_with_the_channel_secret(receiver, job):
     assert item["id"] == incident.pk
     assert item["url"] == f"{PUBLIC}/incidents/{incident.pk}/"
     assert item["lost_gpu_hours"] == 2.0
+    assert (item["lost_cost"], item["currency"]) == (None, None)  # the cluster has no price
     assert (item["cause"], item["severity"], item["job"]) == ("gpu", "critical", "llm")
     n = Notification.objects.get(incident=incident)
     assert (n.state, n.attempts, n.sent_at is not None) == ("sent", 1, True)
@@ -80,6 +82,20 @@ def test_the_webhook_payload_is_signed_with_the_channel_secret(receiver, job):
     [entry] = incident.timeline.filter(kind=TimelineEntry.Kind.NOTIFICATION)
     assert "sent (HTTP 200)" in entry.message
     assert entry.data["outcome"] == "sent"
+
+
+def test_messages_show_the_lost_compute_in_money_where_it_has_a_price(receiver, job):
+    job.cluster.gpu_hour_price, job.cluster.currency = Decimal("3.20"), "EUR"
+    job.cluster.save()
+    make_rule(make_channel("webhook", receiver.url), group_window_s=0)
+    make_rule(make_channel("slack", receiver.url), group_window_s=0)
+    open_and_deliver(job)
+    bodies = [json.loads(r["body"]) for r in receiver.requests]
+    [webhook] = [b for b in bodies if "items" in b]
+    [slack] = [b for b in bodies if "blocks" in b]
+    [item] = webhook["items"]
+    assert (item["lost_gpu_hours"], item["lost_cost"], item["currency"]) == (2.0, 6.4, "EUR")
+    assert "2 GPU-h = 6.40 EUR lost" in json.dumps(slack)
 
 
 def test_a_second_delivery_of_the_same_message_sends_nothing(receiver, job):
