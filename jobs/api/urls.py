@@ -21,4 +21,7 @@ urlpatterns = [
         maintenance.MaintenanceCancelView.as_view(),
         name="maintenance-cancel",
     ),
+    path(
+        "clusters/<slug:name>/pricing", views.ClusterPricingView.as_view(), name="cluster-pricing"
+    ),
 ]

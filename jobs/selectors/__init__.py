@@ -10,6 +10,7 @@ per concern, the public reads re-exported here (`from jobs import selectors`):
 - `charts`: the job page's checkpoint groups and rank heat map.
 - `maintenance`: which maintenance windows cover a node or a cluster at a time, and
   the windows as listed.
+- `prices`: what GPU-seconds cost (cluster and node-pool prices per GPU-hour).
 
 Where a read is worth keeping for the next reader (a ledger, the step buckets), the
 service of the same concern in `jobs.services` stores it.
@@ -57,6 +58,14 @@ from jobs.selectors.maintenance import (
     span_covering,
     window_state,
 )
+from jobs.selectors.prices import (
+    Cost,
+    PriceBook,
+    cluster_prices,
+    job_badput_cost,
+    launch_pools,
+    price_book,
+)
 from jobs.selectors.steps import (
     BUCKET_COLUMNS,
     StepBuckets,
@@ -74,16 +83,20 @@ __all__ = [
     "BUCKET_COLUMNS",
     "SILENT",
     "WINDOW_STATES",
+    "Cost",
     "JobActivity",
+    "PriceBook",
     "Span",
     "StepBuckets",
     "attach_summaries",
     "attempts_latest_first",
     "checkpoints_durable_latest_by_launch",
     "checkpoints_durable_latest_first",
+    "cluster_prices",
     "group_rows",
     "job_activity",
     "job_attempts",
+    "job_badput_cost",
     "job_checkpoint_groups",
     "job_checkpoints",
     "job_goodput",
@@ -104,11 +117,13 @@ __all__ = [
     "kept_shares",
     "launch_node_names",
     "launch_order",
+    "launch_pools",
     "maintenance_active",
     "maintenance_nodes_under",
     "maintenance_pre_action_due",
     "maintenance_spans",
     "maintenance_window_list",
+    "price_book",
     "snapshot_usable",
     "span_covering",
     "step_buckets_key",

@@ -26,6 +26,7 @@ from recovery.services.actions import (
     JOB_AND_NODE_KINDS,
     QUEUE_GRACE_S,
     action_back_to_approval,
+    action_changed_send,
     action_transition,
 )
 
@@ -186,9 +187,12 @@ def action_execute(*, action_id: int) -> Outcome:
         # window) is over; the reconciler sends it again after HOLD_S.
         held = guardrails.first_block(action, ctx, (guardrails.pause, guardrails.maintenance))
         if held:
-            Action.objects.filter(pk=action.pk, state=S.QUEUED).update(
-                blocked_by=held[0], blocked_reason=held[1], deadline=now + timedelta(seconds=HOLD_S)
-            )
+            name, why = held
+            if Action.objects.filter(pk=action.pk, state=S.QUEUED).update(
+                blocked_by=name, blocked_reason=why, deadline=now + timedelta(seconds=HOLD_S)
+            ):
+                action.blocked_by, action.blocked_reason = name, why
+                action_changed_send(action=action, frm=S.QUEUED, to=S.QUEUED, why=why)
             return Outcome("held", action=action)
         gone = guardrails.moved_on(action, ctx)
         if gone:

@@ -88,11 +88,14 @@ def test_job_goodput(personas, job):
         "gpu_goodput",
         "slowdown_s",
         "as_of",
+        "badput_cost",  # money: null, the cluster has no price (tests/jobs/test_prices.py)
+        "currency",
         "planned_s",
         "planned_gpu_seconds",
         "goodput_excluding_planned",
         "gpu_goodput_excluding_planned",
     }
+    assert body["badput_cost"] is None and body["currency"] is None
     assert set(body["categories"]) == CATEGORIES == set(body["gpu_seconds"])
     c = body["categories"]
     assert c["startup"] == pytest.approx(15.0)  # 10 + 5
