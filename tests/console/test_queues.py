@@ -30,6 +30,7 @@ EXPECTED = {
     "recovery.actions_reconcile": "default",
     "recovery.approvals_expire": "default",
     "recovery.approvals_retire": "default",
+    "recovery.maintenance_pre_actions": "default",
     "notify.deliver": "default",
     "notify.approvals_expiring": "default",
     "notify.resend": "default",
