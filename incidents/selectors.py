@@ -1,6 +1,10 @@
 """Reads of the incidents app: incident lists and details, reliability figures (MTBF,
 causes, repeat offenders, goodput by week), the nodes' incident counts, and the
-ranks of a job's latest window as the straggler detector scores them."""
+ranks of a job's latest window as the straggler detector scores them, and the alerts
+Alertmanager sent (with the launches running on a node, which an alert is about).
+
+(Long module: about 530 lines, every read of the app's API and pages in one place.)
+"""
 
 import math
 from collections import defaultdict
@@ -11,7 +15,7 @@ from django.db.models import Count, Exists, Min, OuterRef, Prefetch, Q, QuerySet
 from django.utils import timezone
 
 from incidents.detectors.ranks import rank_scores
-from incidents.models import Incident, TimelineEntry
+from incidents.models import Alert, Incident, TimelineEntry
 from jobs.models import Attempt, Node, RankWindow, TrainingJob
 from jobs.selectors import job_latest_attempt
 
@@ -497,3 +501,34 @@ def job_incident_marks(*, job, limit: int = 200) -> dict:
         "failures": failures.count(),
         "interrupted": interrupted,
     }
+
+
+# --- Alertmanager's alerts ---------------------------------------------------------
+
+
+def node_running_launches(*, node: Node) -> list[tuple[TrainingJob, Attempt]]:
+    """The running jobs whose newest launch has `node`, each with that launch (as
+    recovery's evidence reads a node's jobs)."""
+    out = []
+    jobs = TrainingJob.objects.filter(
+        status=TrainingJob.Status.RUNNING, attempts__nodes=node
+    ).distinct()
+    for job in jobs.order_by("id"):
+        latest = job_latest_attempt(job)
+        if latest is not None and latest.nodes.filter(pk=node.pk).exists():
+            out.append((job, latest))
+    return out
+
+
+def alert_list(*, cluster: str | None = None, status: str | None = None, node: str | None = None):
+    """Alerts as received, the most recently heard first."""
+    qs = Alert.objects.select_related("cluster", "node").prefetch_related(
+        Prefetch("incidents", queryset=Incident.objects.only("id"))
+    )
+    if cluster:
+        qs = qs.filter(cluster__name=cluster)
+    if status:
+        qs = qs.filter(status=status)
+    if node:
+        qs = qs.filter(Q(node__name=node) | Q(node_label=node))
+    return qs.order_by("-last_received_at", "-id")
