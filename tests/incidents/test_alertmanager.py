@@ -484,3 +484,34 @@ def test_the_shipped_alertmanager_configuration_is_valid():
     text = config.read_text()
     assert "send_resolved: true" in text and "credentials_file:" in text
     assert "/api/v1/alerts/alertmanager" in text
+
+
+def test_the_admin_lists_and_shows_alert_records(post, running, client, django_user_model):
+    # Not pytest-django's admin_client: the personas' "admin" is no superuser.
+    client.force_login(django_user_model.objects.create_superuser("root", "", "x"))
+    admin_client = client
+    post(payload(alert({"err_code": "79"})))
+    record = Alert.objects.get()
+    listing = admin_client.get("/admin/incidents/alert/", {"outcome": "incident"})
+    assert listing.status_code == 200 and b"GpuXidError" in listing.content
+    page = admin_client.get(f"/admin/incidents/alert/{record.pk}/change/")
+    assert page.status_code == 200 and b"5e1f00d1c0ffee01" in page.content
+    assert admin_client.get("/admin/incidents/alert/add/").status_code == 403
+
+
+def test_the_alert_list_costs_the_same_queries_however_many_alerts(
+    post, running, personas, django_assert_num_queries
+):
+    viewer = personas["viewer"].client()
+    post(payload(alert({"err_code": "79"})))
+    viewer.get("/api/v1/alerts")  # the token's last use is written once a minute: not below
+    queries = 5  # the token, its role, the count, the page, their incidents
+    with django_assert_num_queries(queries):
+        assert viewer.get("/api/v1/alerts").json()["count"] == 1
+    fired = [
+        alert({"Hostname": n}, fingerprint=f"{k:016x}") for k, n in enumerate(["n2", "n3"] * 3)
+    ]
+    fired = [dict(a, startsAt=f"2026-09-21T12:0{k}:00Z") for k, a in enumerate(fired)]
+    post(payload(*fired))
+    with django_assert_num_queries(queries):
+        assert viewer.get("/api/v1/alerts").json()["count"] == 7
