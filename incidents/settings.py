@@ -4,6 +4,11 @@ A job's own DetectorSetting wins over its cluster's, which wins over the
 default here (`detector_settings_resolve`, the one place that says so). Values
 are read once per detection pass, so a change made through `detector_settings_update`
 takes effect at the next pass, without a restart.
+
+The same rows hold each cluster's Alertmanager mapping (`alerts.*`: which labels name
+a node, which rules map an alert to a fault; see incidents.alerts), read on every
+delivery; their values are lists and words, so they have their own defaults, checks
+and API (`alert_settings*`), written the same way.
 """
 
 from __future__ import annotations
