@@ -37,7 +37,13 @@ from incidents.detectors.episodes import LAUNCH_FAULT
 from incidents.models import Alert, Incident, TimelineEntry
 from incidents.selectors import node_running_launches
 from incidents.services import incident_resolve, incidents_detect_pass, timeline_entry_add
-from incidents.settings import FAULT_WORDS, IGNORE, alert_setting_check, alert_settings
+from incidents.settings import (
+    ALERT_DEFAULTS,
+    FAULT_WORDS,
+    IGNORE,
+    alert_setting_check,
+    alert_settings,
+)
 from jobs.models import Cluster, Node, TrainingJob
 from jobs.services import events_ingest, node_mark_suspect
 from jobs.wire import WireEvent
@@ -301,13 +307,13 @@ def _settings_in_force(cluster: Cluster) -> dict:
     """The cluster's alert settings; a value that no longer passes the checks (edited
     in the admin) is logged and its default used."""
     cfg = alert_settings(cluster_id=cluster.pk)
-    for name, value in cfg.items():
-        _, reason = alert_setting_check(name, value)
+    for name in list(cfg):
+        _, reason = alert_setting_check(name, cfg[name])
         if reason:
             logger.error(
                 "alert setting %s of %s is invalid (%s): default used", name, cluster, reason
             )
-            cfg[name] = alert_settings(cluster_id=-1)[name]
+            cfg[name] = ALERT_DEFAULTS[name]
     return cfg
 
 

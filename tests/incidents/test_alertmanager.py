@@ -515,3 +515,12 @@ def test_the_alert_list_costs_the_same_queries_however_many_alerts(
     post(payload(*fired))
     with django_assert_num_queries(queries):
         assert viewer.get("/api/v1/alerts").json()["count"] == 7
+
+
+def test_a_setting_broken_in_the_admin_falls_back_to_its_default(post, running, caplog):
+    from incidents.models import DetectorSetting
+
+    DetectorSetting.objects.create(cluster=running.cluster, name="alerts.rules", value={"x": 1})
+    post(payload(alert({"err_code": "79"})))
+    assert Alert.objects.get().rule == "builtin:dcgm_xid"
+    assert "alert setting alerts.rules of east is invalid" in caplog.text
