@@ -524,3 +524,32 @@ def test_a_setting_broken_in_the_admin_falls_back_to_its_default(post, running, 
     post(payload(alert({"err_code": "79"})))
     assert Alert.objects.get().rule == "builtin:dcgm_xid"
     assert "alert setting alerts.rules of east is invalid" in caplog.text
+
+
+def test_every_job_on_the_node_gets_its_incident_and_the_resolve_closes_each(post, running, ingest):
+    share = [{"id": "s2", "job": "j3", "kind": "attempt_started", "ts": T0 + 1, "attempt": 1,
+              "data": {"world_size": 4, "gpus_per_node": 4, "nodes": ["n1"]}}]  # fmt: skip
+    assert ingest(share).status_code == 202
+    r = post(payload(alert({"alertname": "GpuEccDoubleBitErrors"})))
+    opened = incidents()
+    assert sorted(i.job.key for i in opened) == ["j1", "j3"]
+    assert r.json()["alerts"][0]["incidents"] == [i.pk for i in opened]
+    post(payload(alert(status="resolved", ends=ENDS)))
+    assert {i.state for i in incidents()} == {"resolved"}
+
+
+def test_the_follow_up_passes_keep_the_incident_the_alert_opened(
+    post, running, django_capture_on_commit_callbacks
+):
+    """The outbox's follow-up (the full detection pass, the ledger, recovery's
+    proposal) runs after the webhook as after any ingest, and agrees with it."""
+    with django_capture_on_commit_callbacks(execute=True) as sent:
+        post(payload(alert({"alertname": "NodeDown", "Hostname": None, "instance": "n2:9100"})))
+    assert sent  # the follow-up was asked for
+    [incident] = incidents()
+    assert (incident.fault_type, incident.cause, incident.state) == ("dead_node", "host", "open")
+    assert incident.evidence == [Alert.objects.get().events[0]["event"]]
+    with django_capture_on_commit_callbacks(execute=True):
+        post(payload(alert(status="resolved", ends=ENDS)))
+    incident.refresh_from_db()
+    assert incident.state == "resolved"
