@@ -342,6 +342,7 @@ class _Reported:
 
     events: list[WireEvent] = field(default_factory=list)
     by_alert: list[tuple[Alert, TrainingJob, int, str]] = field(default_factory=list)
+    launches: dict[int, list] = field(default_factory=dict)  # by node id, in this delivery
 
 
 def alerts_receive(*, cluster: Cluster, alerts: list[ParsedAlert], now=None) -> list[Receipt]:
@@ -413,7 +414,9 @@ def _record_new(cluster, parsed: ParsedAlert, cfg, now, reported: _Reported) -> 
     elif node is None:
         record.outcome = Alert.Outcome.UNKNOWN_NODE
     else:
-        launches = node_running_launches(node=node)
+        if node.pk not in reported.launches:  # a node's alerts often come together
+            reported.launches[node.pk] = node_running_launches(node=node)
+        launches = reported.launches[node.pk]
         record.outcome = Alert.Outcome.INCIDENT if launches else Alert.Outcome.NO_JOB
     for job, attempt in launches:
         event_id = f"alert:{parsed.fingerprint}:{round(parsed.starts_at * 1000)}"
@@ -463,31 +466,32 @@ def _report(cluster: Cluster, reported: _Reported) -> None:
     for job in jobs.values():
         # A pass that fails is reported by the service; the follow-up passes open it.
         incidents_detect_pass(job=job, inferred=False)
+    of_job = {pk: _launch_fault_incidents(job) for pk, job in jobs.items()}
     for record, job, number, event_id in reported.by_alert:
-        incident = _incident_of(job, event_id) or _open_incident_of_launch(job, number)
+        found = of_job[job.pk]
+        incident = _with_event(found, event_id) or _open_of_launch(found, number)
         if incident is None:
             continue
         record.incidents.add(incident)
         _timeline(incident, record, "firing", record.starts_at)
 
 
-def _incident_of(job: TrainingJob, event_id: str) -> Incident | None:
-    """The job's incident whose evidence holds the fault event."""
-    for incident in Incident.objects.filter(job=job, detector=LAUNCH_FAULT).order_by("-id"):
-        if event_id in incident.evidence:
-            return incident
-    return None
+def _launch_fault_incidents(job: TrainingJob) -> list[Incident]:
+    return list(Incident.objects.filter(job=job, detector=LAUNCH_FAULT).order_by("-id"))
 
 
-def _open_incident_of_launch(job: TrainingJob, number: int) -> Incident | None:
+def _with_event(incidents: list[Incident], event_id: str) -> Incident | None:
+    """The incident whose evidence holds the fault event."""
+    return next((i for i in incidents if event_id in i.evidence), None)
+
+
+def _open_of_launch(incidents: list[Incident], number: int) -> Incident | None:
     """The launch's unresolved incident the fault joined (the quick pass opens, it does
     not update evidence: the full pass adds the fault to it)."""
-    return (
-        Incident.objects.filter(job=job, detector=LAUNCH_FAULT, attempt=number)
-        .exclude(state=Incident.State.RESOLVED)
-        .order_by("-fault_at", "-id")
-        .first()
-    )
+    candidates = [
+        i for i in incidents if i.attempt == number and i.state != Incident.State.RESOLVED
+    ]
+    return max(candidates, key=lambda i: (i.fault_at, i.id), default=None)
 
 
 def _resolve(record: Alert, parsed: ParsedAlert, now) -> None:
@@ -534,7 +538,7 @@ def _resolve(record: Alert, parsed: ParsedAlert, now) -> None:
 
 def _incident_of_key(job_key: str, event_id: str) -> Incident | None:
     job = TrainingJob.objects.filter(key=job_key).first()
-    return None if job is None else _incident_of(job, event_id)
+    return None if job is None else _with_event(_launch_fault_incidents(job), event_id)
 
 
 def _timeline(incident: Incident, record: Alert, status: str, at) -> None:
