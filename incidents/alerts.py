@@ -35,7 +35,7 @@ from common.errors import Invalid
 from common.time import dt, parse_ts
 from incidents.detectors.episodes import LAUNCH_FAULT
 from incidents.models import Alert, Incident, TimelineEntry
-from incidents.selectors import node_running_launches
+from incidents.selectors import nodes_running_launches
 from incidents.services import incident_resolve, incidents_detect_pass, timeline_entry_add
 from incidents.settings import (
     ALERT_DEFAULTS,
@@ -317,14 +317,17 @@ def _settings_in_force(cluster: Cluster) -> dict:
     return cfg
 
 
-def _node(cluster: Cluster, name: str) -> Node | None:
-    """The cluster's node as ingest names it; an FQDN finds its short name."""
-    if not name:
-        return None
-    nodes = Node.objects.filter(cluster=cluster)
-    return nodes.filter(name=name).first() or (
-        nodes.filter(name=name.split(".", 1)[0]).first() if "." in name else None
-    )
+def _nodes(cluster: Cluster, names: set[str]) -> dict[str, Node]:
+    """The cluster's nodes as ingest names them, by the name an alert gave; a fully
+    qualified name that names no node finds its short name. One query."""
+    short = {n: n.split(".", 1)[0] for n in names}
+    found = {
+        n.name: n
+        for n in Node.objects.filter(cluster=cluster, name__in=names | set(short.values()))
+    }
+    return {
+        n: found.get(n) or found.get(short[n]) for n in names if n in found or short[n] in found
+    }
 
 
 # --- receiving ----------------------------------------------------------------------
@@ -342,30 +345,43 @@ class _Reported:
 
     events: list[WireEvent] = field(default_factory=list)
     by_alert: list[tuple[Alert, TrainingJob, int, str]] = field(default_factory=list)
-    launches: dict[int, list] = field(default_factory=dict)  # by node id, in this delivery
 
 
 def alerts_receive(*, cluster: Cluster, alerts: list[ParsedAlert], now=None) -> list[Receipt]:
     """Record a delivery's alerts and act on what is new (see the module's docstring)."""
     now = now or timezone.now()
     cfg = _settings_in_force(cluster)
+    firsts: dict[tuple[str, float], ParsedAlert] = {}
+    for parsed in alerts:  # the same alert twice in one delivery: the first counts
+        firsts.setdefault((parsed.fingerprint, parsed.starts_at), parsed)
+    unique = list(firsts.values())
     receipts = []
     with transaction.atomic():
         # One cluster's deliveries take turns (an HA pair of Alertmanagers sends each
         # group twice, at once). NO KEY: ingest's inserts referencing it go on.
         Cluster.objects.select_for_update(no_key=True).get(pk=cluster.pk)
+        stored = {
+            (a.fingerprint, a.starts_at): a
+            for a in Alert.objects.filter(
+                cluster=cluster, fingerprint__in={p.fingerprint for p in unique}
+            )
+        }
+        # What is new, mapped; its nodes and their launches read once for the delivery.
+        mapped = {
+            id(p): alert_map(p.labels, p.annotations, cfg)
+            for p in unique
+            if (p.fingerprint, dt(p.starts_at)) not in stored
+        }
+        nodes = _nodes(cluster, {m.node_label for m in mapped.values() if m.node_label})
+        launches = nodes_running_launches(nodes=list(nodes.values())) if nodes else {}
         reported = _Reported()
-        seen = set()
-        for parsed in alerts:
-            key = (parsed.fingerprint, parsed.starts_at)
-            if key in seen:
-                continue  # the same alert twice in one delivery: the first counts
-            seen.add(key)
-            record = Alert.objects.filter(
-                cluster=cluster, fingerprint=parsed.fingerprint, starts_at=dt(parsed.starts_at)
-            ).first()
+        for parsed in unique:
+            record = stored.get((parsed.fingerprint, dt(parsed.starts_at)))
             if record is None:
-                record = _record_new(cluster, parsed, cfg, now, reported)
+                mapping = mapped[id(parsed)]
+                node = nodes.get(mapping.node_label)
+                on_node = launches.get(node.pk, []) if node is not None else []
+                record = _record_new(cluster, parsed, mapping, node, on_node, now, reported)
                 receipts.append(Receipt(record, "new"))
             elif record.status == Alert.Status.FIRING and parsed.status == "resolved":
                 _resolve(record, parsed, now)
@@ -381,9 +397,11 @@ def alerts_receive(*, cluster: Cluster, alerts: list[ParsedAlert], now=None) -> 
     return receipts
 
 
-def _record_new(cluster, parsed: ParsedAlert, cfg, now, reported: _Reported) -> Alert:
-    mapping = alert_map(parsed.labels, parsed.annotations, cfg)
-    node = _node(cluster, mapping.node_label)
+def _record_new(
+    cluster, parsed: ParsedAlert, mapping: Mapping, node, on_node, now, reported: _Reported
+) -> Alert:
+    """A new alert's record; the fault events of a firing one for the launches on its
+    node (`on_node`), or its node marked suspect when there are none."""
     firing = parsed.status == "firing"
     record = Alert(
         cluster=cluster,
@@ -414,9 +432,7 @@ def _record_new(cluster, parsed: ParsedAlert, cfg, now, reported: _Reported) -> 
     elif node is None:
         record.outcome = Alert.Outcome.UNKNOWN_NODE
     else:
-        if node.pk not in reported.launches:  # a node's alerts often come together
-            reported.launches[node.pk] = node_running_launches(node=node)
-        launches = reported.launches[node.pk]
+        launches = on_node
         record.outcome = Alert.Outcome.INCIDENT if launches else Alert.Outcome.NO_JOB
     for job, attempt in launches:
         event_id = f"alert:{parsed.fingerprint}:{round(parsed.starts_at * 1000)}"
