@@ -16,7 +16,7 @@ Idempotent: an alert is one row per (cluster, fingerprint, startsAt) and its eve
 ids derive from the same, so a delivery repeated changes nothing but when it was last
 heard. One delivery is one transaction: all of it is stored, or none.
 
-(Long module: about 550 lines, one path from the webhook's bytes to the incidents,
+(Long module: about 580 lines, one path from the webhook's bytes to the incidents,
 read in one place: the payload's checks, the mapping, the receipt.)
 """
 

@@ -3,7 +3,7 @@ causes, repeat offenders, goodput by week), the nodes' incident counts, and the
 ranks of a job's latest window as the straggler detector scores them, and the alerts
 Alertmanager sent (with the launches running on a node, which an alert is about).
 
-(Long module: about 530 lines, every read of the app's API and pages in one place.)
+(Long module: about 550 lines, every read of the app's API and pages in one place.)
 """
 
 import math
