@@ -553,3 +553,16 @@ def test_the_follow_up_passes_keep_the_incident_the_alert_opened(
         post(payload(alert(status="resolved", ends=ENDS)))
     incident.refresh_from_db()
     assert incident.state == "resolved"
+
+
+def test_the_incident_page_shows_the_alert_on_its_timeline(post, running, personas):
+    post(payload(alert({"err_code": "79"})))
+    post(payload(alert(status="resolved", ends=ENDS)))
+    [incident] = incidents()
+    client = personas["viewer"].client()
+    client.credentials()  # the page, as a signed-in viewer
+    client.force_login(personas["viewer"].user)
+    page = client.get(f"/incidents/{incident.pk}/")
+    assert page.status_code == 200
+    assert b"GpuXidError firing on n1" in page.content
+    assert b"GpuXidError resolved on n1" in page.content
