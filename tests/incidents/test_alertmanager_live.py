@@ -1,6 +1,7 @@
 """A real Alertmanager (Debian's prometheus-alertmanager) routing to the live server's
 webhook with an ingest token: an alert posted to Alertmanager opens the incident of the
-job on its node, and resolving it there resolves the incident."""
+job on its node, and resolving it there resolves the incident. And an HA pair's two
+deliveries of one notification, at the same moment, count once."""
 
 import subprocess
 from datetime import UTC, datetime, timedelta
@@ -134,3 +135,50 @@ def test_an_alert_through_a_real_alertmanager_opens_and_resolves_the_incident(al
         "firing",
         "resolved",
     ]
+
+
+@pytest.mark.postgres
+def test_an_ha_pairs_two_deliveries_at_once_count_once(live_server):
+    """Two Alertmanagers of an HA pair send each notification, at the same moment: the
+    cluster's deliveries take turns, so the second is a repeat."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from jobs.models import Event
+
+    _, token = token_issue(scope="ingest", cluster_name="east")
+    auth = {"Authorization": f"Bearer {token}"}
+    t = datetime.now(UTC).timestamp()
+    launch = [{"id": "s1", "job": "ha", "kind": "attempt_started", "ts": t - 60, "attempt": 1,
+               "data": {"world_size": 8, "gpus_per_node": 8, "nodes": ["gpu-01"]}}]  # fmt: skip
+    r = requests.post(f"{live_server.url}/api/v1/ingest", json={"events": launch}, headers=auth)
+    assert r.status_code == 202, r.text
+    body = {
+        "version": "4",
+        "groupKey": "{}:{}",
+        "status": "firing",
+        "receiver": "rebound",
+        "alerts": [
+            {
+                "status": "firing",
+                "labels": {"alertname": "GpuEccErrors", "Hostname": "gpu-01"},
+                "annotations": {},
+                "startsAt": iso(datetime.now(UTC)),
+                "endsAt": "0001-01-01T00:00:00Z",
+                "fingerprint": "00ff00ff00ff00ff",
+            }
+        ],
+    }
+
+    def deliver(_):
+        url = f"{live_server.url}/api/v1/alerts/alertmanager"
+        return requests.post(url, json=body, headers=auth, timeout=30)
+
+    for _ in range(3):  # a few rounds: each a new alert, both deliveries at once
+        body["alerts"][0]["fingerprint"] = f"{int(body['alerts'][0]['fingerprint'], 16) + 1:016x}"
+        with ThreadPoolExecutor(2) as pool:
+            answers = [r.json() for r in pool.map(deliver, range(2))]
+        assert sorted((a["new"], a["repeats"]) for a in answers) == [(0, 1), (1, 0)], answers
+    assert Alert.objects.count() == 3
+    assert set(Alert.objects.values_list("receipts", flat=True)) == {2}
+    assert Event.objects.filter(kind="fault").count() == 3
+    assert Incident.objects.filter(job__key="ha").count() == 1  # one launch, one episode
