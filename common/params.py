@@ -4,8 +4,12 @@ an `InvalidParameter` naming it, answered 400 as
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
+from django.utils import timezone
+
 from common.errors import Invalid
-from common.time import parse_ts
+from common.time import dt, parse_ts
 
 # The largest id a bigint primary key holds: past it a lookup would overflow, not miss.
 ID_MAX = 2**63 - 1
@@ -34,6 +38,17 @@ def time_param(request, name: str) -> float | None:
             f"{name} must be unix seconds or an RFC 3339 time with an offset.", field=name
         )
     return ts
+
+
+def period_params(request, *, default_days: float) -> tuple[datetime, datetime]:
+    """`?start=&end=`: end defaults to now, start to `default_days` before end."""
+    end_ts = time_param(request, "end")
+    end = timezone.now() if end_ts is None else dt(end_ts)
+    start_ts = time_param(request, "start")
+    start = end - timedelta(days=default_days) if start_ts is None else dt(start_ts)
+    if end <= start:
+        raise InvalidParameter("end must be after start.", field="end")
+    return start, end
 
 
 def choice_param(request, name: str, choices) -> str | None:

@@ -81,6 +81,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Counts ingest refusals as they leave (console.metrics.refusals): outside ErrorAnswers.
+    "console.metrics.refusals.IngestRefusals",
     # Before session, CSRF and auth: what they refuse under /api/ gets the API's shape.
     "console.exceptions.ErrorAnswers",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -234,6 +236,8 @@ SPECTACULAR_SETTINGS = {
         "ActionKindEnum": "recovery.models.Action.Kind",
         "ActionStateEnum": "recovery.models.Action.State",
         "IncidentStateEnum": "incidents.models.Incident.State",
+        "SeverityEnum": "incidents.models.Incident.Severity",
+        "CauseEnum": "incidents.models.Incident.Cause",
         "NodeStateEnum": "jobs.models.Node.State",
     },
 }
@@ -318,6 +322,9 @@ REBOUND_TASK_QUEUES = {
     "recovery.actions_reconcile": "default",
     "recovery.approvals_expire": "default",
     "recovery.approvals_retire": "default",
+    # Notifications (notify): short HTTP posts with short timeouts; the pager must not
+    # wait behind a detection backlog or a long action.
+    "notify.*": "default",
 }
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
@@ -347,6 +354,9 @@ CELERY_BEAT_SCHEDULE = {
     "recovery-retire-approvals": {"task": "recovery.approvals_retire", "schedule": 60.0},
     # Work whose send failed or whose message the broker lost (common.outbox).
     "outbox-drain": {"task": "common.outbox_drain", "schedule": 5.0},
+    # Approvals about to expire unapproved; notifications whose message was lost.
+    "notify-approvals-expiring": {"task": "notify.approvals_expiring", "schedule": 60.0},
+    "notify-resend": {"task": "notify.resend", "schedule": 60.0},
 }
 # The driver of a cluster with no recovery settings of its own (recovery.drivers).
 REBOUND_RECOVERY_DRIVER = os.environ.get("REBOUND_RECOVERY_DRIVER", "local")
@@ -402,6 +412,55 @@ CELERY_BEAT_SCHEDULE["storage-upkeep"] = {
     "task": "incidents.storage_upkeep",
     "schedule": REBOUND_UPKEEP_EVERY_S,
 }
+
+# Prometheus metrics at /metrics (console.metrics, docs/monitoring.md). Who may scrape:
+# a bearer token (any API token, or REBOUND_METRICS_TOKEN, a secret for the scraper
+# alone), a signed-in user with a role, or a client in REBOUND_METRICS_ALLOW_FROM
+# (comma-separated CIDRs, e.g. 10.0.0.0/8,127.0.0.1/32; default none).
+REBOUND_METRICS_TOKEN = os.environ.get("REBOUND_METRICS_TOKEN", "").strip()
+
+
+def _networks(name: str) -> list:
+    import ipaddress
+
+    out = []
+    for part in os.environ.get(name, "").split(","):
+        if part.strip():
+            try:
+                out.append(ipaddress.ip_network(part.strip(), strict=False))
+            except ValueError as exc:
+                raise ImproperlyConfigured(
+                    f"{name} must be comma-separated CIDRs (10.0.0.0/8,::1/128): {exc}"
+                ) from exc
+    return out
+
+
+REBOUND_METRICS_ALLOW_FROM = _networks("REBOUND_METRICS_ALLOW_FROM")
+# A job's goodput and badput series are exported while it runs and for this long after
+# it was last heard from or finished, so that old jobs do not grow the series forever.
+REBOUND_METRICS_JOB_HORIZON_S = env_seconds("REBOUND_METRICS_JOB_HORIZON_S", 86400, 0, 1e9)
+# Notifications (notify, docs/notifications.md). The console's external base URL: every
+# message links to an incident's or the approvals page under it.
+REBOUND_PUBLIC_URL = os.environ.get("REBOUND_PUBLIC_URL") or "http://127.0.0.1:8000"
+if not REBOUND_PUBLIC_URL.startswith(("http://", "https://")):
+    raise ImproperlyConfigured(
+        f"REBOUND_PUBLIC_URL must be an http:// or https:// URL, not {REBOUND_PUBLIC_URL!r}."
+    )
+# Each HTTP post's timeout; a failed delivery is tried again after base, 2 x base, ...
+# up to the cap (6 attempts in all); an approval still waiting this long before it
+# expires is announced.
+REBOUND_NOTIFY_HTTP_TIMEOUT_S = env_seconds("REBOUND_NOTIFY_HTTP_TIMEOUT_S", 5, 0.1, 60)
+REBOUND_NOTIFY_RETRY_BASE_S = env_seconds("REBOUND_NOTIFY_RETRY_BASE_S", 10, 0.1, 3600)
+REBOUND_NOTIFY_RETRY_MAX_S = env_seconds("REBOUND_NOTIFY_RETRY_MAX_S", 300, 1, 86400)
+REBOUND_NOTIFY_APPROVAL_WARN_S = env_seconds("REBOUND_NOTIFY_APPROVAL_WARN_S", 600, 0, 86400)
+# E-mail channels send through this SMTP server.
+EMAIL_HOST = os.environ.get("REBOUND_EMAIL_HOST", "localhost")
+EMAIL_PORT = int(os.environ.get("REBOUND_EMAIL_PORT") or "25")
+EMAIL_HOST_USER = os.environ.get("REBOUND_EMAIL_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("REBOUND_EMAIL_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("REBOUND_EMAIL_TLS", False)
+EMAIL_TIMEOUT = 10
+DEFAULT_FROM_EMAIL = os.environ.get("REBOUND_EMAIL_FROM", "rebound@localhost")
 
 LOGGING = {
     "version": 1,

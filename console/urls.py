@@ -4,6 +4,8 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from console.metrics.views import metrics
+
 
 class FaviconView(RedirectView):
     """/favicon.ico, which browsers ask for whatever a page links, to the static icon
@@ -18,6 +20,7 @@ class FaviconView(RedirectView):
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("favicon.ico", FaviconView.as_view()),
+    path("metrics", metrics, name="metrics"),  # Prometheus (docs/monitoring.md)
     path("", include("console.page_urls")),
     path("api/v1/", include("jobs.api.urls")),
     path("api/v1/", include("incidents.api.urls")),

@@ -42,11 +42,20 @@ def launch_failure_figures(incident: Incident, launches, k: int, steps) -> dict:
         else 0.0,
     }
     return {
+        "relaunched_at": dt(nxt.start) if nxt else None,
+        "restored_at": dt(training_start(nxt)) if nxt else None,
         "resumed_at": resumed_at,
         "recovered_at": recovered_at,
         "lost_breakdown": breakdown,
         "lost_gpu_seconds": sum(breakdown.values()),
     }
+
+
+def training_start(launch) -> float:
+    """When a launch could step: its state restored, else ready, else started, within
+    the launch (the ledger's rule for where its first step's interval begins)."""
+    start = max(launch.loaded or launch.ready or launch.start, launch.start)
+    return min(start, launch.stop) if launch.stop else start
 
 
 def survived(incident: Incident, launch, steps) -> bool:
@@ -77,6 +86,8 @@ def in_launch_figures(incident: Incident, launch, steps) -> dict:
         usual = float(np.median(np.diff(own))) if len(own) > 2 else 0.0
         breakdown["slowdown"] = max(0.0, resumed - fault_ts - usual) * (launch.world_size or 1)
     return {
+        "relaunched_at": None,
+        "restored_at": None,
         "resumed_at": dt(resumed) if resumed is not None else None,
         "recovered_at": dt(float(steps.ts[beyond].min())) if beyond.any() else None,
         "lost_breakdown": breakdown,

@@ -55,6 +55,10 @@ class Incident(models.Model):
     fault_at = models.DateTimeField()
     detected_at = models.DateTimeField()
     opened_at = models.DateTimeField(auto_now_add=True)
+    # Where the time to recover went, on the job's clock (see recovery.selectors.phases):
+    # the next launch started, and it had its state back and could step again.
+    relaunched_at = models.DateTimeField(null=True, blank=True)
+    restored_at = models.DateTimeField(null=True, blank=True)
     resumed_at = models.DateTimeField(null=True, blank=True)
     recovered_at = models.DateTimeField(null=True, blank=True)
     resolved_at = models.DateTimeField(null=True, blank=True)

@@ -3,8 +3,8 @@ causes, repeat offenders, goodput by week), the nodes' incident counts, and the
 ranks of a job's latest window as the straggler detector scores them, and the alerts
 Alertmanager sent (with the launches running on a node, which an alert is about).
 
-(Long module: about 550 lines, every read of the app's API and pages in one place.)
-"""
+Long module: the app's reads, one reader's helpers beside it; what incidents cost in
+money is in incidents.costs."""
 
 import math
 from collections import defaultdict
@@ -14,6 +14,7 @@ import numpy as np
 from django.db.models import Count, Exists, Max, Min, OuterRef, Prefetch, Q, QuerySet, Sum
 from django.utils import timezone
 
+from incidents.costs import incident_costs, totals
 from incidents.detectors.ranks import rank_scores
 from incidents.models import Alert, Incident, TimelineEntry
 from jobs.models import Attempt, Node, RankWindow, TrainingJob
@@ -114,28 +115,44 @@ def _summary(values: list[float]) -> dict:
     }
 
 
+# What incidents.costs prices an incident by, as rows of values_list.
+COST_FIELDS = ("pk", "cluster_id", "job_id", "attempt", "lost_gpu_seconds")
+
+
 def reliability(*, cluster: str | None, start, end) -> dict:
     """Incidents with a fault in [start, end): the failures among them (is_failure) and
-    MTBF, by cause the incidents, failures and lost GPU-hours, times to resume and
-    recover, and the nodes in several incidents.
+    MTBF, by cause the incidents, failures, lost GPU-hours and their cost (per
+    currency, incidents.costs), times to resume and recover, and the nodes in
+    several incidents.
 
     Reads plain rows (no model instances) and counts nodes in SQL: the report
     pages ask for hundreds of incidents at a time."""
     qs = incident_list(cluster=cluster, since=start, until=end).prefetch_related(None)
     rows = list(
         qs.annotate(failure=is_failure()).values_list(
-            "cause", "lost_gpu_seconds", "fault_at", "resumed_at", "recovered_at", "failure"
+            "cause",
+            "lost_gpu_seconds",
+            "fault_at",
+            "resumed_at",
+            "recovered_at",
+            "failure",
+            *COST_FIELDS,
         )
     )
     total = len(rows)
     failures = sum(1 for r in rows if r[5])
+    costs = incident_costs(r[6:] for r in rows)
     by_cause: dict[str, dict] = {}
-    for cause, lost_s, _, _, _, failure in rows:
-        c = by_cause.setdefault(cause, {"count": 0, "failures": 0, "lost_gpu_hours": 0.0})
+    for cause, lost_s, _, _, _, failure, pk, *_ in rows:
+        c = by_cause.setdefault(
+            cause, {"count": 0, "failures": 0, "lost_gpu_hours": 0.0, "costs": []}
+        )
         c["count"] += 1
         c["failures"] += bool(failure)
         c["lost_gpu_hours"] += lost_s / 3600.0
+        c["costs"].append(costs[pk])
     for c in by_cause.values():
+        c["lost_cost"] = totals(c.pop("costs"))
         c["share"] = c["count"] / total
         c["failure_share"] = c["failures"] / failures if failures else 0.0
     node_counts = dict(
@@ -158,6 +175,8 @@ def reliability(*, cluster: str | None, start, end) -> dict:
         "time_to_resume": _summary([(r[3] - r[2]).total_seconds() for r in rows if r[3]]),
         "time_to_recover": _summary([(r[4] - r[2]).total_seconds() for r in rows if r[4]]),
         "lost_gpu_hours": sum(r[1] / 3600.0 for r in rows),
+        "lost_cost": totals(costs.values()),
+        "unpriced_lost_gpu_hours": sum(r[1] / 3600.0 for r in rows if costs[r[6]] is None),
         "repeat_offenders": [
             {"node": name, "incidents": n}
             for name, n in sorted(node_counts.items(), key=lambda kv: (-kv[1], kv[0]))

@@ -494,6 +494,10 @@ def incident_resolve(*, incident: Incident, actor: str, note: str = "") -> Incid
         )
         incident.resolved_at = now
         incident.save(update_fields=["state", "resolved_at"])
+        transaction.on_commit(
+            lambda: signals.incident_resolved.send(sender=Incident, incident=incident),
+            robust=True,
+        )
     return incident
 
 

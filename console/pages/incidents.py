@@ -20,10 +20,11 @@ from console.charts.incidents import LOST_COLOURS, lost_figure, timeline_figure
 from console.pages.common import DayField, answer, can_operate, operator_post, viewer_page
 from incidents import selectors, services
 from incidents.api.serializers import POSTMORTEM_MAX, RESOLVE_NOTE_MAX, ROOT_CAUSE_MAX
+from incidents.costs import attach_costs
 from incidents.models import Incident
 from jobs.models import Cluster
 from recovery.models import Action
-from recovery.selectors import action_list
+from recovery.selectors import action_list, incident_phases
 
 PER_PAGE = 100
 ACTIONS_MAX = 100
@@ -154,6 +155,7 @@ def incident_list(request):
         form.is_valid()  # the valid fields filter; the errors are shown
     incidents = selectors.incident_list(**form.filters(timezone.now()))
     page = Paginator(incidents, PER_PAGE).get_page(request.GET.get("page"))
+    attach_costs(page.object_list)  # the page's prices read once, not per row
     link = _Links()
     return render(
         request,
@@ -187,6 +189,7 @@ def incident_detail(request, pk):
     incident = selectors.incident_list().filter(pk=pk).first()
     if incident is None:
         raise Http404("No such incident.")
+    attach_costs([incident])
     timeline = selectors.incident_timeline(incident=incident)
     entries = timeline["head"] + timeline["tail"]
     actions, actions_total = _actions(incident)
@@ -203,6 +206,7 @@ def incident_detail(request, pk):
         "console/incident_detail.html",
         {
             "incident": incident,
+            "phases": _phases(incident),
             "row": _row(incident, _Links()),
             "timeline": timeline,
             "shown": len(entries),
@@ -216,6 +220,40 @@ def incident_detail(request, pk):
             "clock_ahead": _clock_ahead(incident),
         },
     )
+
+
+PHASE_COLOURS = {
+    "detecting": OKABE_ITO["grey"],
+    "waiting_for_approval": OKABE_ITO["vermillion"],
+    "queued": OKABE_ITO["yellow"],
+    "acting": OKABE_ITO["blue"],
+    "relaunching": OKABE_ITO["orange"],
+    "restarting": OKABE_ITO["sky"],
+    "catching_up": OKABE_ITO["green"],
+}
+
+
+def _phases(incident: Incident) -> dict:
+    """The incident's recovery phases for the page's bar and table (breakdown rows in
+    the shape of _bar.html)."""
+    figures = incident_phases(incident)
+    total = sum(p["seconds"] or 0.0 for p in figures["phases"])
+    rows = [
+        {
+            **p,
+            "text": duration(p["seconds"]) if p["seconds"] is not None else "not reached",
+            "share": (p["seconds"] or 0.0) / total if total else 0.0,
+            "colour": PHASE_COLOURS[p["phase"]],
+        }
+        for p in figures["phases"]
+    ]
+    return {
+        **figures,
+        "rows": rows,
+        "total": duration(total),
+        "people": duration(figures["people_s"]),
+        "machines": duration(figures["machines_s"]),
+    }
 
 
 class NotesForm(forms.Form):

@@ -259,6 +259,7 @@ def job_detail(request, key):
             "figures": figures,
             "breakdown": breakdown,
             "no_badput": no_badput,
+            "badput_cost": selectors.job_badput_cost(job=job, gpu_seconds=figures["gpu_seconds"]),
             "charts": scripts,
             "launches": listed,
             "launches_total": launches["total"],

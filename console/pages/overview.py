@@ -22,8 +22,9 @@ from django.utils.safestring import mark_safe
 
 from console.charts import NODE_STATE_COLOURS
 from console.pages.common import job_heard, span, viewer_page
+from incidents.costs import lost_recent
 from incidents.models import Incident
-from incidents.selectors import incident_list, lost_gpu_hours_recent
+from incidents.selectors import incident_list
 from jobs import selectors as jobs
 from jobs.accounting import job_ledger
 from jobs.models import Node, TrainingJob
@@ -226,7 +227,7 @@ def page(request):
             "incidents_total": incidents.count(),
             "approvals": approvals,
             "approvals_total": waiting.count(),
-            "lost": lost_gpu_hours_recent(),
+            "lost": lost_recent(),
             "recent_window_min": int(RECENT_WINDOW_S // 60),
             "silent_after": span(jobs.job_silent_after_s()),
         },

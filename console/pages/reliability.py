@@ -24,6 +24,7 @@ from console.pages.common import viewer_page
 from console.pages.incidents import ClusterPeriodForm, duration
 from incidents import selectors
 from jobs.models import Cluster
+from recovery.selectors import phases_summary
 
 DEFAULT_PRESET = f"{selectors.RELIABILITY_DEFAULT_DAYS}d"  # the API's default period
 PRESETS = {"7d": 7, "30d": 30, "90d": 90}
@@ -106,6 +107,11 @@ def reliability(request):
         )
     ]
     by_cause = report["by_cause"]
+    phases = phases_summary(
+        list(
+            selectors.incident_list(cluster=cluster, since=start, until=end).prefetch_related(None)
+        )
+    )
     return render(
         request,
         "console/reliability.html",
@@ -124,6 +130,11 @@ def reliability(request):
             "failure_definition": selectors.FAILURE_DEFINITION,
             "mtbf": duration(report["mtbf_s"]),
             "times": times,
+            "phases": [
+                {**p, "mean": duration(p["mean_s"]) if p["mean_s"] is not None else "—"}
+                for p in phases["phases"]
+            ],
+            "people_share": phases["people_share"],
             "causes": causes,
             "offenders": [{**o, "clusters": where.get(o["node"], [])} for o in offenders],
             "failures_chart": chart_script(

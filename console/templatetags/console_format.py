@@ -1,5 +1,7 @@
 """Template filters of the console pages."""
 
+from decimal import ROUND_HALF_UP, Decimal
+
 from django import template
 
 from console.charts import byte_size as _byte_size
@@ -31,3 +33,27 @@ def byte_size(value) -> str:
     if value is None or value == "":
         return "\u2013"
     return _byte_size(float(value))
+
+
+# Currencies written with their sign before the amount; others get their code after it.
+CURRENCY_SIGNS = {"USD": "$"}
+
+
+def _amount(value: Decimal) -> str:
+    """Whole units with thousands separators; cents below 100 (where they matter)."""
+    unit = Decimal("0.01") if abs(value) < 100 else Decimal(1)
+    return f"{value.quantize(unit, rounding=ROUND_HALF_UP):,}"
+
+
+@register.filter
+def money(value) -> str:
+    """Money for people: "$1,234", "1,234 EUR"; several currencies joined with " + "
+    (a dict {currency: amount}, the reliability report's); none: an en dash."""
+    if not value:
+        return "\u2013"
+    if isinstance(value, dict):
+        return " + ".join(money((amount, currency)) for currency, amount in value.items())
+    amount, currency = value
+    sign = CURRENCY_SIGNS.get(currency)
+    text = _amount(Decimal(amount))
+    return f"{sign}{text}" if sign else f"{text} {currency}"

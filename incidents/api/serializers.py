@@ -4,8 +4,34 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from incidents.costs import attach_costs
 from incidents.models import Incident, TimelineEntry
 from jobs.models import Node
+
+# An amount of money on the wire: a number to the cent, or null (no price).
+MONEY = serializers.DecimalField(
+    max_digits=24,
+    decimal_places=2,
+    min_value=0,
+    coerce_to_string=False,
+    allow_null=True,
+    read_only=True,
+)
+CURRENCY = serializers.CharField(allow_null=True, read_only=True, min_length=3, max_length=3)
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        "additionalProperties": {"type": "number"},
+        "description": "currency (ISO 4217) -> amount to the cent; the priced incidents only",
+    }
+)
+class CostsField(serializers.DictField):
+    """Money per currency: clusters may price in different ones."""
+
+    def to_representation(self, value):
+        return {k: MONEY.to_representation(v) for k, v in value.items()}
 
 
 class IncidentSerializer(serializers.ModelSerializer):
@@ -16,6 +42,13 @@ class IncidentSerializer(serializers.ModelSerializer):
     time_to_resume_s = serializers.FloatField(read_only=True, allow_null=True)
     time_to_recover_s = serializers.FloatField(read_only=True, allow_null=True)
     lost_gpu_hours = serializers.FloatField(read_only=True)
+    lost_cost = serializers.SerializerMethodField(
+        help_text="the lost GPU-hours in money (to the cent), at the prices of the nodes"
+        " of the launch it interrupted; null where they have no price"
+    )
+    currency = serializers.SerializerMethodField(
+        help_text="ISO 4217 code of `lost_cost`; null with it"
+    )
 
     class Meta:
         model = Incident
@@ -42,11 +75,29 @@ class IncidentSerializer(serializers.ModelSerializer):
             "time_to_resume_s",
             "time_to_recover_s",
             "lost_gpu_hours",
+            "lost_cost",
+            "currency",
             "lost_breakdown",
         ]
 
     def get_nodes(self, obj) -> list[str]:
         return sorted(n.name for n in obj.nodes.all())
+
+    def _cost(self, obj):
+        # Lists attach every row's cost at once (incidents.costs.attach_costs).
+        if not hasattr(obj, "lost_cost"):
+            attach_costs([obj])
+        return obj.lost_cost
+
+    @extend_schema_field(MONEY)
+    def get_lost_cost(self, obj):
+        cost = self._cost(obj)
+        return None if cost is None else MONEY.to_representation(cost.amount)
+
+    @extend_schema_field(CURRENCY)
+    def get_currency(self, obj):
+        cost = self._cost(obj)
+        return None if cost is None else cost.currency
 
 
 class TimelineEntrySerializer(serializers.ModelSerializer):
@@ -89,6 +140,7 @@ class CauseFiguresSerializer(serializers.Serializer):
     failures = serializers.IntegerField(help_text="incidents of this cause that are failures")
     failure_share = serializers.FloatField(help_text="of the period's failures")
     lost_gpu_hours = serializers.FloatField()
+    lost_cost = CostsField(help_text="the lost GPU-hours in money, per currency")
 
 
 class DurationSummarySerializer(serializers.Serializer):
@@ -117,6 +169,10 @@ class ReliabilitySerializer(serializers.Serializer):
     time_to_resume = DurationSummarySerializer()
     time_to_recover = DurationSummarySerializer()
     lost_gpu_hours = serializers.FloatField()
+    lost_cost = CostsField(help_text="the lost GPU-hours in money, per currency")
+    unpriced_lost_gpu_hours = serializers.FloatField(
+        help_text="the lost GPU-hours of incidents on nodes without a price: not in `lost_cost`"
+    )
     repeat_offenders = RepeatOffenderSerializer(many=True)
 
 
@@ -125,6 +181,7 @@ class NodeSerializer(serializers.Serializer):
     name = serializers.CharField()
     state = serializers.ChoiceField(choices=Node.State.choices)
     gpus = serializers.IntegerField(allow_null=True)
+    pool = serializers.CharField(help_text="its node pool (for its price); empty: none")
     last_heartbeat_at = serializers.DateTimeField(allow_null=True)
     incidents_7d = serializers.IntegerField()
     incidents_30d = serializers.IntegerField()

@@ -1,10 +1,7 @@
 """The incidents API: list and detail for viewers; resolve and notes for operators;
 detector settings per cluster and job, read by viewers and changed by operators."""
 
-from datetime import timedelta
-
 from django.http import Http404
-from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics
 from rest_framework.parsers import JSONParser
@@ -12,10 +9,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.errors import Invalid, NotFound
-from common.params import bool_param, choice_param, int_param, time_param
+from common.params import bool_param, choice_param, int_param, period_params, time_param
 from common.time import dt
 from incidents import selectors, services
 from incidents.api import serializers as s
+from incidents.costs import attach_costs
 from incidents.models import Incident
 from incidents.settings import detector_settings_table, detector_settings_update
 from jobs.api.serializers import TIME_SCHEMA
@@ -45,6 +43,11 @@ class IncidentListView(generics.ListAPIView):
             since=_when(r, "since"),
             until=_when(r, "until"),
         )
+
+    def paginate_queryset(self, queryset):
+        page = super().paginate_queryset(queryset)
+        attach_costs(page or [])  # the page's prices read once, not per row
+        return page
 
 
 def _when(request, name):
@@ -105,10 +108,7 @@ class ReliabilityView(APIView):
         responses=s.ReliabilitySerializer,
     )
     def get(self, request):
-        end = _when(request, "end") or timezone.now()
-        start = _when(request, "start") or end - timedelta(days=selectors.RELIABILITY_DEFAULT_DAYS)
-        if end <= start:
-            raise Invalid("end must be after start.", code="invalid_parameter", field="end")
+        start, end = period_params(request, default_days=selectors.RELIABILITY_DEFAULT_DAYS)
         figures = selectors.reliability(
             cluster=request.query_params.get("cluster") or None, start=start, end=end
         )

@@ -47,6 +47,17 @@ class GoodputSerializer(serializers.Serializer):
     as_of = serializers.DateTimeField(
         allow_null=True, help_text="the job-clock time the figures run to"
     )
+    badput_cost = serializers.DecimalField(
+        max_digits=24,
+        decimal_places=2,
+        coerce_to_string=False,
+        allow_null=True,
+        help_text="the GPU-seconds of every category but productive, in money (to the cent)"
+        " at the prices of the nodes of its launches; null where they have no price",
+    )
+    currency = serializers.CharField(
+        allow_null=True, help_text="ISO 4217 code of `badput_cost`; null with it"
+    )
 
 
 class CheckpointSerializer(serializers.ModelSerializer):
@@ -343,4 +354,28 @@ class IngestResponseSerializer(serializers.Serializer):
 class JobReopenSerializer(serializers.Serializer):
     reason = serializers.CharField(
         max_length=500, required=False, allow_blank=True, help_text="why, for the audit log"
+    )
+
+
+# A price per GPU-hour as the columns hold it (jobs.models.Cluster.gpu_hour_price).
+def _price_field(**kwargs):
+    return serializers.DecimalField(
+        max_digits=12, decimal_places=4, min_value=0, coerce_to_string=False, **kwargs
+    )
+
+
+class ClusterPricingSerializer(serializers.Serializer):
+    """A cluster's prices: what its GPU-hour costs, and its node pools' own prices."""
+
+    cluster = serializers.CharField(read_only=True)
+    gpu_hour_price = _price_field(
+        allow_null=True, help_text="per GPU-hour; null: no price (no money shown)"
+    )
+    currency = serializers.RegexField(
+        r"^[A-Z]{3}$", help_text="ISO 4217 code: three capital letters"
+    )
+    pools = serializers.DictField(
+        child=_price_field(),
+        help_text="node pool -> its price per GPU-hour, which wins for its nodes; a PUT"
+        " replaces them all ({} removes them)",
     )

@@ -10,4 +10,7 @@ urlpatterns = [
     path("jobs/<slug:key>/attempts", views.JobAttemptsView.as_view(), name="job-attempts"),
     path("jobs/<slug:key>/checkpoints", views.JobCheckpointsView.as_view(), name="job-checkpoints"),
     path("jobs/<slug:key>/reopen", views.JobReopenView.as_view(), name="job-reopen"),
+    path(
+        "clusters/<slug:name>/pricing", views.ClusterPricingView.as_view(), name="cluster-pricing"
+    ),
 ]

@@ -10,14 +10,15 @@ from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import UnsupportedMediaType
+from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from common.errors import Invalid, TooLarge
+from common.errors import Invalid, NotFound, TooLarge
 from common.params import InvalidParameter, choice_param, time_param
 from jobs import selectors, services
 from jobs.api import serializers as s
-from jobs.models import TrainingJob
+from jobs.models import Cluster, TrainingJob
 from jobs.wire import parse_body, validate_events
 
 
@@ -259,7 +260,15 @@ class JobGoodputView(APIView):
         if start is None and end is None:  # the cumulative figures: the stored snapshot
             job = TrainingJob.objects.select_related("ledger").get(pk=job.pk)
             services.ledger_snapshot_ensure(job=job)
-        return Response(selectors.job_goodput(job=job, start=start, end=end))
+        figures = selectors.job_goodput(job=job, start=start, end=end)
+        cost = selectors.job_badput_cost(job=job, gpu_seconds=figures["gpu_seconds"])
+        return Response(
+            {
+                **figures,
+                "badput_cost": cost and cost.amount,
+                "currency": cost and cost.currency,
+            }
+        )
 
 
 class JobAttemptsView(generics.ListAPIView):
@@ -274,3 +283,62 @@ class JobCheckpointsView(generics.ListAPIView):
 
     def get_queryset(self):
         return selectors.job_checkpoints(job=_job(self.kwargs["key"]))
+
+
+class ClusterPricingView(APIView):
+    """A cluster's prices per GPU-hour: read by viewers, set by admins."""
+
+    required_roles = {"GET": "viewer", "PUT": "admin"}
+    parser_classes = [JSONParser]
+
+    @extend_schema(
+        summary="A cluster's price per GPU-hour, currency and node pools' prices",
+        responses={200: s.ClusterPricingSerializer, 404: OpenApiResponse(description="no such")},
+    )
+    def get(self, request, name):
+        return _pricing_response(_cluster(name))
+
+    @extend_schema(
+        summary="Set a cluster's price per GPU-hour, currency and node pools' prices"
+        " (the pools named replace the ones it had)",
+        request=s.ClusterPricingSerializer,
+        responses={
+            200: s.ClusterPricingSerializer,
+            400: OpenApiResponse(description="a negative price, a bad currency or pool name"),
+            404: OpenApiResponse(description="no such cluster"),
+        },
+    )
+    def put(self, request, name):
+        cluster = _cluster(name)
+        form = s.ClusterPricingSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        data = form.validated_data
+        services.cluster_pricing_set(
+            cluster=cluster,
+            gpu_hour_price=data["gpu_hour_price"],
+            currency=data["currency"],
+            pools=data["pools"],
+            actor=getattr(request.user, "username", "") or str(request.user),
+        )
+        return _pricing_response(cluster)
+
+
+def _cluster(name: str) -> Cluster:
+    cluster = Cluster.objects.filter(name=name).first()
+    if cluster is None:
+        raise NotFound(f"No such cluster: {name}.", field="name")
+    return cluster
+
+
+def _pricing_response(cluster: Cluster) -> Response:
+    prices = selectors.cluster_prices(cluster)
+    return Response(
+        s.ClusterPricingSerializer(
+            {
+                "cluster": cluster.name,
+                "gpu_hour_price": prices.price,
+                "currency": prices.currency,
+                "pools": prices.pools,
+            }
+        ).data
+    )

@@ -8,6 +8,7 @@ per concern, the public reads re-exported here (`from jobs import selectors`):
   hour's goodput of many running jobs.
 - `steps`: the job page's step series, reduced to buckets, and goodput over time.
 - `charts`: the job page's checkpoint groups and rank heat map.
+- `prices`: what GPU-seconds cost (cluster and node-pool prices per GPU-hour).
 
 Where a read is worth keeping for the next reader (a ledger, the step buckets), the
 service of the same concern in `jobs.services` stores it.
@@ -44,6 +45,14 @@ from jobs.selectors.ledger import (
     jobs_recent_goodput,
     snapshot_usable,
 )
+from jobs.selectors.prices import (
+    Cost,
+    PriceBook,
+    cluster_prices,
+    job_badput_cost,
+    launch_pools,
+    price_book,
+)
 from jobs.selectors.steps import (
     BUCKET_COLUMNS,
     StepBuckets,
@@ -60,15 +69,19 @@ __all__ = [
     "ACTIVITIES",
     "BUCKET_COLUMNS",
     "SILENT",
+    "Cost",
     "JobActivity",
+    "PriceBook",
     "StepBuckets",
     "attach_summaries",
     "attempts_latest_first",
     "checkpoints_durable_latest_by_launch",
     "checkpoints_durable_latest_first",
+    "cluster_prices",
     "group_rows",
     "job_activity",
     "job_attempts",
+    "job_badput_cost",
     "job_checkpoint_groups",
     "job_checkpoints",
     "job_goodput",
@@ -89,6 +102,8 @@ __all__ = [
     "kept_shares",
     "launch_node_names",
     "launch_order",
+    "launch_pools",
+    "price_book",
     "snapshot_usable",
     "step_buckets_key",
     "with_effective_end",

@@ -12,6 +12,7 @@
 - `page_cache`: the job page's reads kept in the cache for the next reader.
 - `nodes`: node states and clusters.
 - `launches`: launch numbers handed out per launch identity, never reused.
+- `pricing`: a cluster's and its node pools' prices per GPU-hour.
 
 Errors are `common.errors` classes carrying their codes: the API answers them as they
 are. Services never import tasks: the outbox sends a task by its name.
@@ -41,6 +42,7 @@ from jobs.services.page_cache import (
     recent_read,
     step_buckets_ensure,
 )
+from jobs.services.pricing import cluster_pricing_set, node_set_pool
 
 __all__ = [
     "HistoryConflict",
@@ -50,6 +52,7 @@ __all__ = [
     "LaunchReserved",
     "checkpoint_groups_ensure",
     "cluster_get_or_create",
+    "cluster_pricing_set",
     "events_follow_up",
     "events_ingest",
     "job_goodput",
@@ -62,6 +65,7 @@ __all__ = [
     "ledger_snapshot_refresh",
     "node_claim_spare",
     "node_mark_suspect",
+    "node_set_pool",
     "node_set_state",
     "rank_heatmap_ensure",
     "recent_read",

@@ -15,6 +15,7 @@ from incidents.models import Incident
 from jobs.models import Node, TrainingJob
 from recovery.models import Action, ActionAudit, ClusterRecoverySettings
 from recovery.policies import TRIGGERS
+from recovery.selectors.phases import PHASES
 
 REASON_MAX = 2000  # why an action is proposed
 COMMENT_MAX = 2000  # a decision's comment
@@ -266,4 +267,43 @@ class LaunchReservedSerializer(serializers.Serializer):
     launch = serializers.CharField(help_text="the launch identity, as sent")
     created = serializers.BooleanField(
         help_text="true: a new number (201); false: the identity had it already (200)"
+    )
+
+
+PHASE_NAMES = [name for name, _, _ in PHASES]
+
+
+class PhaseSerializer(serializers.Serializer):
+    phase = serializers.ChoiceField(choices=PHASE_NAMES)
+    label = serializers.CharField()
+    who = serializers.ChoiceField(
+        choices=["people", "machines"], help_text="who holds recovery up in this phase"
+    )
+    seconds = serializers.FloatField(allow_null=True, help_text="null: not reached (yet)")
+
+
+class IncidentPhasesSerializer(serializers.Serializer):
+    incident = serializers.IntegerField()
+    time_to_recover_s = serializers.FloatField(allow_null=True)
+    phases = PhaseSerializer(many=True)
+    people_s = serializers.FloatField(help_text="the phases people hold up (approval), added")
+    machines_s = serializers.FloatField(help_text="the other phases, added")
+
+
+class PhaseMeanSerializer(serializers.Serializer):
+    phase = serializers.ChoiceField(choices=PHASE_NAMES)
+    label = serializers.CharField()
+    who = serializers.ChoiceField(choices=["people", "machines"])
+    incidents = serializers.IntegerField(help_text="incidents that reached this phase")
+    mean_s = serializers.FloatField(allow_null=True)
+
+
+class PhasesSummarySerializer(serializers.Serializer):
+    cluster = serializers.CharField(allow_null=True)
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    incidents = serializers.IntegerField(help_text="incidents with a fault in the period")
+    phases = PhaseMeanSerializer(many=True)
+    people_share = serializers.FloatField(
+        allow_null=True, help_text="the share of all phases' time spent waiting for people"
     )

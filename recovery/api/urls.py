@@ -15,6 +15,8 @@ urlpatterns = [
     ),
     path("clusters/<slug:name>/pause", views.ClusterPauseView.as_view(), name="cluster-pause"),
     path("clusters/<slug:name>/resume", views.ClusterResumeView.as_view(), name="cluster-resume"),
+    path("incidents/<int:pk>/phases", views.IncidentPhasesView.as_view(), name="incident-phases"),
+    path("reliability/phases", views.PhasesSummaryView.as_view(), name="reliability-phases"),
     path("launches", views.LaunchView.as_view(), name="launches"),
     path("clusters/<slug:name>/faults", views.ClusterFaultView.as_view(), name="cluster-faults"),
 ]

@@ -16,8 +16,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.errors import NotFound
-from common.params import choice_param, id_param
+from common.params import choice_param, id_param, period_params
 from incidents.models import Incident
+from incidents.selectors import RELIABILITY_DEFAULT_DAYS, incident_list
+from jobs.api.serializers import TIME_SCHEMA
 from jobs.models import Cluster, Node, TrainingJob
 from recovery import queue, selectors, services
 from recovery.api import serializers as s
@@ -334,4 +336,47 @@ class LaunchView(APIView):
         return Response(
             {**body, "created": got.created},
             status=status.HTTP_201_CREATED if got.created else status.HTTP_200_OK,
+        )
+
+
+class IncidentPhasesView(APIView):
+    @extend_schema(
+        responses={200: s.IncidentPhasesSerializer, 404: OpenApiResponse(description="no such")}
+    )
+    def get(self, request, pk):
+        """Where the incident's time to recover went: detecting, waiting for approval,
+        queued, acting, until the next launch, restarting, catching up; people or
+        machines (recovery.selectors.phases)."""
+        incident = Incident.objects.filter(pk=pk).first()
+        if incident is None:
+            raise Http404("No such incident.")
+        return Response(
+            s.IncidentPhasesSerializer(
+                {"incident": incident.pk, **selectors.incident_phases(incident)}
+            ).data
+        )
+
+
+class PhasesSummaryView(APIView):
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("cluster", str),
+            OpenApiParameter("start", TIME_SCHEMA, description="default: 30 days before end"),
+            OpenApiParameter("end", TIME_SCHEMA, description="default: now"),
+        ],
+        responses=s.PhasesSummarySerializer,
+    )
+    def get(self, request):
+        """The mean of each recovery phase over the incidents with a fault in the period,
+        and the share of that time spent waiting for people."""
+        start, end = period_params(request, default_days=RELIABILITY_DEFAULT_DAYS)
+        cluster = request.query_params.get("cluster") or None
+        incidents = list(
+            incident_list(cluster=cluster, since=start, until=end).prefetch_related(None)
+        )
+        summary = selectors.phases_summary(incidents)
+        return Response(
+            s.PhasesSummarySerializer(
+                {"cluster": cluster, "start": start, "end": end, **summary}
+            ).data
         )

@@ -3,7 +3,8 @@
 - `actions`: the action list and one action, a cluster's recovery settings, who
   requested an action, a node's actions, replacements waiting for a checkpoint;
 - `evidence`: what an approver weighs for one action (GPU-hours at stake, ranks);
-- `approvals`: the approval page's batched reads and the actions decided lately.
+- `approvals`: the approval page's batched reads and the actions decided lately;
+- `phases`: where an incident's time to recover went (people or machines).
 
 The names below are the public ones: `from recovery.selectors import action_list`
 reads the same wherever a function lives.
@@ -27,6 +28,7 @@ from recovery.selectors.evidence import (
     ranks_on_nodes,
     stake_figures,
 )
+from recovery.selectors.phases import incident_phases, incidents_phases, phases_summary
 
 __all__ = [
     "action_detail",
@@ -39,9 +41,12 @@ __all__ = [
     "cluster_guardrails",
     "cluster_settings",
     "gpu_hours_at_stake",
+    "incident_phases",
+    "incidents_phases",
     "job_latest_durable_step",
     "node_actions",
     "nodes_current_actions",
+    "phases_summary",
     "rank_ranges",
     "ranks_on_nodes",
     "stake_figures",

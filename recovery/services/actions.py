@@ -32,7 +32,7 @@ from incidents.models import TimelineEntry
 from incidents.services import timeline_entry_add
 from jobs.models import Node
 from jobs.services import node_set_state
-from recovery import guardrails
+from recovery import guardrails, signals
 from recovery.models import Action, ActionAudit
 from recovery.selectors import cluster_settings
 
@@ -108,7 +108,18 @@ def action_transition(
         if expressions:
             action.refresh_from_db(fields=expressions)
         action_audit_add(action=action, frm=frm, to=to, actor=actor, why=why, at=now, data=data)
+        action_changed_send(action=action, frm=frm, to=to, why=why)
     return True
+
+
+def action_changed_send(*, action: Action, frm: str, to: str, why: str) -> None:
+    """recovery.signals.action_changed, once the caller's transaction commits."""
+    transaction.on_commit(
+        lambda: signals.action_changed.send(
+            sender=Action, action=action, from_state=frm, to_state=to, why=why
+        ),
+        robust=True,
+    )
 
 
 def action_audit_add(

@@ -26,6 +26,7 @@ from recovery.services.actions import (
     JOB_AND_NODE_KINDS,
     QUEUE_GRACE_S,
     action_back_to_approval,
+    action_changed_send,
     action_transition,
 )
 
@@ -184,9 +185,11 @@ def action_execute(*, action_id: int) -> Outcome:
         ctx = guardrails.Context(cluster_settings(action.cluster_id), now)
         held = guardrails.pause(action, ctx)
         if held:
-            Action.objects.filter(pk=action.pk, state=S.QUEUED).update(
+            if Action.objects.filter(pk=action.pk, state=S.QUEUED).update(
                 blocked_by="pause", blocked_reason=held, deadline=now + timedelta(seconds=HOLD_S)
-            )
+            ):
+                action.blocked_by, action.blocked_reason = "pause", held
+                action_changed_send(action=action, frm=S.QUEUED, to=S.QUEUED, why=held)
             return Outcome("held", action=action)
         gone = guardrails.moved_on(action, ctx)
         if gone:

@@ -30,6 +30,9 @@ EXPECTED = {
     "recovery.actions_reconcile": "default",
     "recovery.approvals_expire": "default",
     "recovery.approvals_retire": "default",
+    "notify.deliver": "default",
+    "notify.approvals_expiring": "default",
+    "notify.resend": "default",
 }
 
 

@@ -88,7 +88,10 @@ def test_job_goodput(personas, job):
         "gpu_goodput",
         "slowdown_s",
         "as_of",
+        "badput_cost",  # money: null, the cluster has no price (tests/jobs/test_prices.py)
+        "currency",
     }
+    assert body["badput_cost"] is None and body["currency"] is None
     assert set(body["categories"]) == CATEGORIES == set(body["gpu_seconds"])
     c = body["categories"]
     assert c["startup"] == pytest.approx(15.0)  # 10 + 5

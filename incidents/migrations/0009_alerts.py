@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('incidents', '0007_planned_cause_and_notification_entries'),
+        ('incidents', '0008_incident_phase_marks'),
         ('jobs', '0015_prices_and_maintenance_windows'),
     ]
 
