@@ -230,6 +230,9 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     # Names for the choice sets that share a field name with another app's.
     "ENUM_NAME_OVERRIDES": {
+        "AlertStatusEnum": "incidents.models.Alert.Status",
+        # The jobs' own name, kept: the alerts' status shares the field name.
+        "StatusEnum": "jobs.models.TrainingJob.Status",
         "ActionKindEnum": "recovery.models.Action.Kind",
         "ActionStateEnum": "recovery.models.Action.State",
         "IncidentStateEnum": "incidents.models.Incident.State",

@@ -1,8 +1,9 @@
-"""The Django admin of incidents, their timelines, detector settings and detector state."""
+"""The Django admin of incidents, their timelines, detector settings and detector state,
+and the alerts Alertmanager sent."""
 
 from django.contrib import admin
 
-from incidents.models import DetectorSetting, DetectorState, Incident, TimelineEntry
+from incidents.models import Alert, DetectorSetting, DetectorState, Incident, TimelineEntry
 
 
 class TimelineInline(admin.TabularInline):
@@ -53,3 +54,31 @@ class DetectorStateAdmin(admin.ModelAdmin):
     list_display = ("job", "updated_at", "last_pass_s", "failed_at", "failure")
     list_filter = (("failed_at", admin.EmptyFieldListFilter),)
     readonly_fields = ("job", "data", "updated_at", "last_pass_s", "failed_at", "failure")
+
+
+@admin.register(Alert)
+class AlertAdmin(admin.ModelAdmin):
+    """Alertmanager's alerts as received (incidents.alerts): read only, they are a record."""
+
+    list_display = [
+        "id",
+        "alertname",
+        "cluster",
+        "status",
+        "node",
+        "fault_type",
+        "outcome",
+        "starts_at",
+        "last_received_at",
+        "receipts",
+    ]
+    list_filter = ["cluster", "status", "outcome", "fault_type"]
+    search_fields = ["alertname", "fingerprint", "node_label", "node__name"]
+    date_hierarchy = "last_received_at"
+    filter_horizontal = ["incidents"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in Alert._meta.get_fields() if f.concrete]
+
+    def has_add_permission(self, request):
+        return False

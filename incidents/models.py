@@ -210,3 +210,66 @@ class SweepState(models.Model):
 
     def __str__(self):
         return f"sweep at {self.at}, unbroken since {self.since}"
+
+
+class Alert(models.Model):
+    """One Alertmanager alert as Rebound received it (incidents.alerts): where it points
+    (node), what fault it stands for, and the incidents it opened or joined.
+
+    Unique on (cluster, fingerprint, starts_at): Alertmanager sends a firing alert again
+    every repeat_interval, and each delivery after the first changes nothing but
+    `last_received_at` and `receipts`. The same alert firing again after it resolved
+    starts anew (a new `startsAt`): a new row."""
+
+    class Status(models.TextChoices):
+        FIRING = "firing"
+        RESOLVED = "resolved"
+
+    class Outcome(models.TextChoices):
+        INCIDENT = "incident"  # a fault reported for the jobs running on its node
+        NO_JOB = "no_job"  # its node runs no job: the node was marked suspect
+        UNKNOWN_NODE = "unknown_node"  # a node label names no node of the cluster
+        NO_NODE = "no_node"  # none of the node labels is present
+        IGNORED = "ignored"  # no rule maps it to a fault (alerts.unmatched = ignore)
+        RESOLVED_FIRST = "resolved_first"  # first heard of as resolved: nothing to do
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="alerts")
+    fingerprint = models.CharField(max_length=64)
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField(null=True, blank=True)
+    status = models.CharField(max_length=12, choices=Status.choices)
+    alertname = models.CharField(max_length=200, blank=True)
+    labels = models.JSONField(default=dict)
+    annotations = models.JSONField(default=dict, blank=True)
+    generator_url = models.CharField(max_length=1000, blank=True)
+    node_label = models.CharField(
+        max_length=200, blank=True, help_text="the node as the alert's labels name it"
+    )
+    node = models.ForeignKey(
+        Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="alerts"
+    )
+    fault_type = models.CharField(max_length=24, blank=True, help_text="blank: ignored")
+    xid = models.PositiveIntegerField(null=True, blank=True)
+    rule = models.CharField(max_length=100, blank=True, help_text="the rule that mapped it")
+    outcome = models.CharField(max_length=16, choices=Outcome.choices)
+    # The fault events it reported, one per job running on its node: {"job", "event"}.
+    events = models.JSONField(default=list, blank=True)
+    incidents = models.ManyToManyField(Incident, blank=True, related_name="alerts")
+    first_received_at = models.DateTimeField()
+    last_received_at = models.DateTimeField()
+    resolved_received_at = models.DateTimeField(null=True, blank=True)
+    receipts = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        ordering = ["-last_received_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "fingerprint", "starts_at"], name="alert_one_per_start"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["cluster", "-last_received_at"], name="alert_cluster_recent"),
+        ]
+
+    def __str__(self):
+        return f"{self.alertname or self.fingerprint} {self.status} ({self.cluster_id})"

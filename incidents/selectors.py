@@ -1,6 +1,7 @@
 """Reads of the incidents app: incident lists and details, reliability figures (MTBF,
 causes, repeat offenders, goodput by week), the nodes' incident counts, and the
-ranks of a job's latest window as the straggler detector scores them.
+ranks of a job's latest window as the straggler detector scores them, and the alerts
+Alertmanager sent (with the launches running on a node, which an alert is about).
 
 Long module: the app's reads, one reader's helpers beside it, so that the failure
 definition and every figure built on it sit side by side; what incidents cost in money
@@ -11,12 +12,12 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
-from django.db.models import Count, Exists, Min, OuterRef, Prefetch, Q, QuerySet, Sum
+from django.db.models import Count, Exists, Max, Min, OuterRef, Prefetch, Q, QuerySet, Sum
 from django.utils import timezone
 
 from incidents.costs import incident_costs, totals
 from incidents.detectors.ranks import rank_scores
-from incidents.models import Incident, TimelineEntry
+from incidents.models import Alert, Incident, TimelineEntry
 from jobs.models import Attempt, Node, RankWindow, TrainingJob
 from jobs.selectors import job_latest_attempt
 
@@ -545,3 +546,50 @@ def job_incident_marks(*, job, limit: int = 200) -> dict:
         "failures": failures.count(),
         "interrupted": interrupted,
     }
+
+
+# --- Alertmanager's alerts ---------------------------------------------------------
+
+
+def nodes_running_launches(*, nodes: list[Node]) -> dict[int, list[tuple[TrainingJob, Attempt]]]:
+    """By node id: the running jobs whose newest launch has the node, each with that
+    launch (as recovery's evidence reads a node's jobs), for all `nodes` in four queries."""
+    ids = [n.pk for n in nodes]
+    jobs = {
+        j.pk: j
+        for j in TrainingJob.objects.filter(
+            status=TrainingJob.Status.RUNNING, attempts__nodes__in=ids
+        ).distinct()
+    }
+    newest = (
+        Attempt.objects.filter(job_id__in=list(jobs))
+        .values("job_id")
+        .annotate(number=Max("number"))
+        .values_list("job_id", "number")
+    )
+    where = Q(pk__in=[])
+    for job_id, number in newest:
+        where |= Q(job_id=job_id, number=number)
+    launches = {a.pk: a for a in Attempt.objects.filter(where)} if jobs else {}
+    on: dict[int, list[tuple[TrainingJob, Attempt]]] = {pk: [] for pk in ids}
+    pairs = Attempt.nodes.through.objects.filter(attempt_id__in=list(launches), node_id__in=ids)
+    for attempt_id, node_id in pairs.order_by("attempt__job_id").values_list(
+        "attempt_id", "node_id"
+    ):
+        attempt = launches[attempt_id]
+        on[node_id].append((jobs[attempt.job_id], attempt))
+    return on
+
+
+def alert_list(*, cluster: str | None = None, status: str | None = None, node: str | None = None):
+    """Alerts as received, the most recently heard first."""
+    qs = Alert.objects.select_related("cluster", "node").prefetch_related(
+        Prefetch("incidents", queryset=Incident.objects.only("id"))
+    )
+    if cluster:
+        qs = qs.filter(cluster__name=cluster)
+    if status:
+        qs = qs.filter(status=status)
+    if node:
+        qs = qs.filter(Q(node__name=node) | Q(node_label=node))
+    return qs.order_by("-last_received_at", "-id")

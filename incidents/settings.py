@@ -4,11 +4,17 @@ A job's own DetectorSetting wins over its cluster's, which wins over the
 default here (`detector_settings_resolve`, the one place that says so). Values
 are read once per detection pass, so a change made through `detector_settings_update`
 takes effect at the next pass, without a restart.
+
+The same rows hold each cluster's Alertmanager mapping (`alerts.*`: which labels name
+a node, which rules map an alert to a fault; see incidents.alerts), read on every
+delivery; their values are lists and words, so they have their own defaults, checks
+and API (`alert_settings*`), written the same way.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +22,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from common.errors import Invalid
+from common.vocabulary import DEAD_NODE, FAULT_TYPES
 from incidents.models import DetectorSetting
 from jobs.models import Cluster, TrainingJob
 
@@ -232,9 +239,13 @@ def detector_settings_update(
     nothing is written. Each change is logged to "rebound.audit" once committed, and
     the row keeps who made it; a value equal to the override in place changes nothing.
     """
+    return _settings_write(cluster, job, values, actor, detector_setting_check)
+
+
+def _settings_write(cluster, job, values, actor, check) -> list[SettingChange]:
     checked, errors = {}, []
     for name, value in values.items():
-        checked[name], reason = detector_setting_check(name, value)
+        checked[name], reason = check(name, value)
         if reason:
             errors.append({"name": name, "reason": reason})
     if errors:
@@ -284,3 +295,137 @@ def _audit(changes: list[SettingChange], actor: str) -> None:
                 "actor": actor,
             },
         )
+
+
+# --- Alertmanager's mapping (incidents.alerts) ------------------------------------
+# Kept in the same rows as the detector parameters (DetectorSetting, per cluster only),
+# but apart from them: their values are lists and words, not numbers, and the detector
+# settings API stays numbers only. `alert_settings_update` writes them the same way.
+
+FAULT_WORDS = sorted(FAULT_TYPES | {DEAD_NODE})  # what a rule may map an alert to
+IGNORE = "ignore"
+ALERT_DEFAULTS: dict[str, Any] = {
+    # The labels that name an alert's node, the first present wins; a value's `:port`
+    # (as `instance` carries it) is left out.
+    "alerts.node_labels": [
+        "node",
+        "Hostname",
+        "hostname",
+        "kubernetes_node",
+        "nodename",
+        "instance",
+    ],
+    # The cluster's own rules, tried in order before the built-in ones.
+    "alerts.rules": [],
+    # What an alert no rule maps becomes: ignored (recorded only), or a fault type.
+    "alerts.unmatched": IGNORE,
+}
+ALERT_DESCRIPTIONS: dict[str, str] = {
+    "alerts.node_labels": "Labels naming an alert's node, the first present wins (':port' cut).",
+    "alerts.rules": (
+        "Rules tried before the built-in ones: [{name, match: {label: regex}, fault, xid}]."
+    ),
+    "alerts.unmatched": "What an alert no rule maps becomes: 'ignore' or a fault type.",
+}
+LABEL_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]{0,99}\Z")
+MAX_NODE_LABELS = 20
+MAX_RULES = 50
+MAX_PATTERN = 500
+RULE_KEYS = frozenset({"name", "match", "fault", "xid"})
+XID_MAX = 2**31 - 1
+
+
+def _check_rule(rule: Any) -> str | None:
+    """Why `rule` is not a rule, or None."""
+    if not isinstance(rule, dict):
+        return "must be an object {name, match, fault, xid}"
+    if set(rule) - RULE_KEYS:
+        return f"unknown key(s): {', '.join(sorted(map(str, set(rule) - RULE_KEYS)))}"
+    name = rule.get("name", "")
+    if not isinstance(name, str) or len(name) > 100:
+        return "name must be a string of at most 100 characters"
+    match = rule.get("match", {})
+    if not isinstance(match, dict):
+        return "match must be an object: label name -> regular expression"
+    for label, pattern in match.items():
+        if not LABEL_NAME.match(label):
+            return f"match: {label[:100]!r} is not a label name"
+        if not isinstance(pattern, str) or len(pattern) > MAX_PATTERN or "\x00" in pattern:
+            return f"match.{label}: must be a string of at most {MAX_PATTERN} characters"
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            return f"match.{label}: not a regular expression ({exc})"
+    if rule.get("fault") not in [*FAULT_WORDS, IGNORE]:
+        return f"fault must be one of: {', '.join([*FAULT_WORDS, IGNORE])}"
+    xid = rule.get("xid")
+    if xid is not None and (type(xid) is not int or not 0 <= xid <= XID_MAX):
+        return f"xid must be a whole number from 0 to {XID_MAX}"
+    return None
+
+
+def alert_setting_check(name: str, value: Any) -> tuple[Any, str | None]:
+    """`value` as stored for alert setting `name` (None: remove the override), or why not."""
+    if name not in ALERT_DEFAULTS:
+        return None, "unknown parameter"
+    if value is None:
+        return None, None
+    if name == "alerts.node_labels":
+        ok = (
+            isinstance(value, list)
+            and 1 <= len(value) <= MAX_NODE_LABELS
+            and all(isinstance(v, str) and LABEL_NAME.match(v) for v in value)
+        )
+        return (value, None) if ok else (None, f"must be 1 to {MAX_NODE_LABELS} label names")
+    if name == "alerts.rules":
+        if not isinstance(value, list) or len(value) > MAX_RULES:
+            return None, f"must be a list of at most {MAX_RULES} rules"
+        for k, rule in enumerate(value):
+            reason = _check_rule(rule)
+            if reason:
+                return None, f"rule {k}: {reason}"
+        return value, None
+    if value not in [*FAULT_WORDS, IGNORE]:
+        return None, f"must be one of: {', '.join([IGNORE, *FAULT_WORDS])}"
+    return value, None
+
+
+def alert_settings(*, cluster_id: int) -> dict[str, Any]:
+    """The alert mapping in force for a cluster: its overrides, else the defaults."""
+    rows = DetectorSetting.objects.filter(
+        cluster_id=cluster_id, job=None, name__in=list(ALERT_DEFAULTS)
+    ).values_list("name", "value")
+    return {**ALERT_DEFAULTS, **dict(rows)}
+
+
+def alert_settings_table(*, cluster: Cluster) -> list[dict]:
+    """Each alert setting with its default, the cluster's override and the value in force."""
+    rows = {
+        r.name: r
+        for r in DetectorSetting.objects.filter(
+            cluster=cluster, job=None, name__in=list(ALERT_DEFAULTS)
+        )
+    }
+    table = []
+    for name, default in ALERT_DEFAULTS.items():
+        row = rows.get(name)
+        table.append(
+            {
+                "name": name,
+                "description": ALERT_DESCRIPTIONS[name],
+                "default": default,
+                "cluster_value": None if row is None else row.value,
+                "value": default if row is None else row.value,
+                "updated_at": None if row is None else row.updated_at,
+                "updated_by": None if row is None else row.updated_by,
+            }
+        )
+    return table
+
+
+def alert_settings_update(
+    *, cluster: Cluster, values: dict[str, Any], actor: str
+) -> list[SettingChange]:
+    """Set (or, with null, remove) a cluster's alert settings: all or nothing, audited,
+    as `detector_settings_update`."""
+    return _settings_write(cluster, None, values, actor, alert_setting_check)
