@@ -166,6 +166,11 @@ def approvals_expiring_record(*, now=None) -> int:
     expire: `approval_expiring`, once per action and expiry. Returns how many."""
     now = now or timezone.now()
     warn = settings.REBOUND_NOTIFY_APPROVAL_WARN_S
+    # An announcement older than the warning's longest lead is past its action's expiry:
+    # nothing can announce that expiry again, so its row only takes room.
+    Announcement.objects.filter(
+        key__startswith="approval_expiring:", at__lt=now - timedelta(seconds=warn + 86400)
+    ).delete()
     count = 0
     for action in selectors.approvals_expiring(now=now, within_s=warn):
         key = f"approval_expiring:{action.pk}:{action.expires_at.timestamp():.0f}"

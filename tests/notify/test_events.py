@@ -124,6 +124,12 @@ def test_an_approval_about_to_expire_is_announced_once(job):
     [n] = Notification.objects.filter(event="approval_expiring")
     assert n.subjects == [{"action": soon.pk}]
     assert n.detail == {"why": "expires in 5 min"}
+    # Its announcement stays while it could matter, then goes (the storm's mark stays).
+    Announcement.objects.create(key="storm_tripped:1", at=now)
+    assert services.approvals_expiring_record(now=now + timedelta(hours=12)) == 0
+    assert Announcement.objects.count() == 2
+    assert services.approvals_expiring_record(now=now + timedelta(days=2)) == 0
+    assert list(Announcement.objects.values_list("key", flat=True)) == ["storm_tripped:1"]
 
 
 @pytest.fixture
