@@ -17,11 +17,12 @@ from django.utils import timezone
 from agent import control
 from agent.cluster import LocalCluster
 from jobs import services as job_services
-from recovery import tasks
+from recovery import services, tasks
 from recovery.drivers import DriverError
 from recovery.drivers.kubernetes import workloads as k8s_workloads
 from recovery.drivers.local import LocalDriver
 from recovery.drivers.noop import NoopDriver
+from recovery.errors import InvalidAction
 from recovery.models import Action, ClusterRecoverySettings
 from tests.factories import AttemptFactory, ClusterFactory, NodeFactory, TrainingJobFactory
 
@@ -145,6 +146,45 @@ def test_the_local_driver_refuses_a_job_that_does_not_run(tmp_path):
     LocalCluster.create(tmp_path / "cluster", nodes={"n1": 1})
     with pytest.raises(DriverError):
         LocalDriver(root=tmp_path / "cluster").checkpoint_job("never", key=KEY)
+
+
+@pytest.mark.django_db
+def test_a_person_may_be_asked_to_approve_it(
+    client, personas, operator2, cluster, nodes, job, noop, run_on_commit
+):
+    """Proposed for approval (a policy in approval mode, or by hand): it waits on the
+    approvals page like any action, and runs once approved."""
+    action = services.action_propose(
+        cluster=cluster,
+        kind="checkpoint_job",
+        job=job,
+        reason="save before the switch firmware update",
+        requested_by="operator",
+        requested_by_user=personas["operator"].user,
+    )
+    assert action.state == Action.State.AWAITING_APPROVAL and action.node is None
+    client.force_login(operator2.user)
+    html = client.get("/approvals/").content.decode()
+    assert f'data-live-action="{action.pk}"' in html and "checkpoint_job" in html
+    with run_on_commit():
+        r = client.post(
+            f"/approvals/{action.pk}/decide",
+            {"decision": "approve", "comment": ""},
+            HTTP_ACCEPT="application/json",
+        )
+    assert r.status_code == 200, r.content
+    action.refresh_from_db()
+    assert action.state == Action.State.SUCCEEDED
+    assert noop.calls == [
+        {"op": "checkpoint_job", "job": "llm", "key": f"rebound:action-{action.pk}"}
+    ]
+
+
+def test_a_checkpoint_job_needs_a_job(cluster, nodes):
+    with pytest.raises(InvalidAction, match="checkpoint_job needs a job"):
+        services.action_propose(
+            cluster=cluster, kind="checkpoint_job", reason="x", requested_by="operator"
+        )
 
 
 # --- the whole path on a real local cluster ----------------------------------------------
