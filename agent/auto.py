@@ -27,6 +27,9 @@ TORCHELASTIC_*, SLURM_*), and then, once per launch:
    the node's heartbeats every REBOUND_HEARTBEAT_S (default 10 s);
 5. the model, when it is a DistributedDataParallel, gets the comm hook (`attach`).
 
+Before all that, SIGUSR1 becomes a checkpoint request (agent.checkpoint_request): the
+loop asks `agent.checkpoint_requested()` each step and saves when it says so.
+
 From then on the Instrument reports the lifecycle by itself: `ready` as the first step
 begins, `attempt_ended` (completed) at `inst.close()`, and with `inst.finish()` also
 `job_finished` (the training loop says the job is done; nothing more will come). Used
@@ -49,6 +52,7 @@ import sys
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from agent.checkpoint_request import install_signal_handler
 from agent.launch_env import (
     EXIT_REFUSED,
     ConsoleAway,
@@ -135,6 +139,9 @@ def init(
     docstring. Call it after `torch.distributed.init_process_group` (when the world is
     larger than 1), on every rank. `environ` replaces os.environ (tests);
     `reporter_options` go to the Reporter."""
+    # SIGUSR1 (Slurm's checkpoint_job) becomes agent.checkpoint_requested(), first:
+    # by default it would end the process.
+    install_signal_handler()
     try:
         env = read_env(environ)
     except EnvError as exc:

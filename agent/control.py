@@ -5,7 +5,9 @@ A job's control file (one per job) is read by every rank at each step:
     {"slow": {"1": 4.0},                      # rank -> factor: its compute takes 4x as long
      "loss": {"mode": "nan" | "spike",         # corrupt the loss ...
               "from_step": 120, "until_step": null,   # ... on these steps (inclusive)
-              "factor": 10.0, "rank": null}}   # spike factor; one rank or all (null)
+              "factor": 10.0, "rank": null},   # spike factor; one rank or all (null)
+     "checkpoint": {"id": "rebound:action-7",  # save a checkpoint now: a new id asks
+                    "at": 1764780000.0}}       # once (recovery's checkpoint_job)
 
 A node's flags file is read by its node agent and by the ranks it runs:
 
@@ -23,6 +25,7 @@ import fcntl
 import json
 import math
 import os
+import time
 from pathlib import Path
 
 from common.vocabulary import JOB_KEY
@@ -95,9 +98,26 @@ class JobControl:
 
     def __init__(self, path=None):
         self._file = JsonFile(path) if path else None
+        # A request already in the file when the job starts was made of an earlier
+        # launch (which saved, or was replaced by this one): not asked again.
+        self._seen_checkpoint = self._checkpoint_id()
 
     def _get(self) -> dict:
         return self._file.get() if self._file else {}
+
+    def _checkpoint_id(self) -> str | None:
+        spec = self._get().get("checkpoint")
+        rid = spec.get("id") if isinstance(spec, dict) else None
+        return str(rid) if rid else None
+
+    def checkpoint_requested(self) -> str | None:
+        """The id of a checkpoint request made since the last call (or since this
+        process started), once; None when there is none new. One `stat` per call."""
+        rid = self._checkpoint_id()
+        if rid is None or rid == self._seen_checkpoint:
+            return None
+        self._seen_checkpoint = rid
+        return rid
 
     def slow_factor(self, rank: int) -> float:
         """How many times longer this rank's compute should take (1.0: normal)."""
@@ -158,10 +178,24 @@ def set_loss_fault(
         }
 
 
-def clear_faults(path) -> None:
-    """Takes every fault switch of a job off."""
+def request_checkpoint(path, request_id: str) -> bool:
+    """Asks the job to save a checkpoint now; `request_id` names the request, so a
+    repeat with the same id asks nothing new. True when this call made the request."""
     with update_json(path) as value:
+        spec = value.get("checkpoint")
+        if isinstance(spec, dict) and spec.get("id") == request_id:
+            return False
+        value["checkpoint"] = {"id": str(request_id), "at": time.time()}
+        return True
+
+
+def clear_faults(path) -> None:
+    """Takes every fault switch of a job off (a checkpoint request is no fault: kept)."""
+    with update_json(path) as value:
+        kept = value.get("checkpoint")
         value.clear()
+        if kept is not None:
+            value["checkpoint"] = kept
 
 
 # --- a node's flags ----------------------------------------------------------------

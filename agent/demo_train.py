@@ -28,6 +28,11 @@ reported as a `fault` of type nccl_timeout and ends the process with exit
 code 3, which the launcher reads as "lost a peer", not as a crash of its own.
 Exit code 2: bad options, or a `--resume-step` with no complete checkpoint.
 
+A "checkpoint now" request (recovery's checkpoint_job: a new id in the control file,
+or SIGUSR1; agent.checkpoint_request) is honoured at the step it is seen: the step is
+saved besides the cadence. Rank 0's request decides, shared through the step's loss
+all-reduce, so that every rank saves the same step at no extra collective.
+
 `--no-instrument` trains the very same loop without the agent, the baseline of
 bench/agent.py's overhead figure: no reporter or file sink (events go nowhere),
 no DDP comm hook, no step, window, lifecycle or heartbeat events; the loop's
@@ -62,6 +67,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from agent.checkpoint_request import checkpoint_requested, install_signal_handler
 from agent.control import JobControl, NodeFlags
 from agent.sinks import NullSink, make_sink
 from agent.torch_hooks import Checkpointer, Instrument, TrainState
@@ -298,6 +304,7 @@ def main(argv=None) -> int:
         return EXIT_CONFIG
     accumulation = args.global_batch // per_pass
 
+    install_signal_handler()  # SIGUSR1: a checkpoint request, not the end
     control = JobControl(args.control)
     flags = NodeFlags(args.node_flags)
     if args.no_instrument:
@@ -404,6 +411,7 @@ def _train(args, inst, sink, control, rank, world, accumulation) -> int:
     for step in range(first, args.steps + 1):
         slow = control.slow_factor(rank)
         loss_fault = control.loss_fault(step, rank)
+        asked = checkpoint_requested(control)
         delay = (slow - 1.0) * own_compute / accumulation if slow > 1.0 and own_compute else 0.0
         with inst.step(step) as s:
             total = 0.0
@@ -423,11 +431,12 @@ def _train(args, inst, sink, control, rank, world, accumulation) -> int:
                     (loss / accumulation).backward()
                 total += loss.item() / accumulation
             if world > 1:
-                # The step's loss is the global batch's: the mean over ranks.
-                mean = torch.tensor([total / world], dtype=torch.float64)
+                # The step's loss is the global batch's: the mean over ranks; rank 0's
+                # checkpoint request rides along, so every rank saves the same step.
+                mean = torch.tensor([total / world, asked and rank == 0], dtype=torch.float64)
                 with s.comm_wait():
                     dist.all_reduce(mean)
-                total = mean.item()
+                total, asked = mean[0].item(), mean[1].item() > 0
             grad_norm = torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -439,7 +448,9 @@ def _train(args, inst, sink, control, rank, world, accumulation) -> int:
         if args.log_every and rank == 0 and step % args.log_every == 0:
             ms = inst.last["step_s"] * 1e3
             print(f"step {step} loss {total:.4f} {ms:.1f} ms", flush=True)
-        if ckpt is not None and (step % args.ckpt_every == 0 or step == args.steps):
+        if asked and rank == 0:
+            print(f"checkpoint requested: saving step {step}", flush=True)
+        if ckpt is not None and (step % args.ckpt_every == 0 or step == args.steps or asked):
             ckpt.save(step, state)
             last_saved = step
         ends.append(time.perf_counter())

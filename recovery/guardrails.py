@@ -57,7 +57,14 @@ NEEDS_SPARE = frozenset({K.REPLACE_NODE, K.REPLACE_AT_NEXT_CHECKPOINT})
 RESTARTS = frozenset({K.RESTART_JOB, K.ROLLBACK})
 # Kinds whose target is a job (for a replacement or a scale-down: on some of its nodes).
 ON_A_JOB = frozenset(
-    {K.RESTART_JOB, K.ROLLBACK, K.REPLACE_NODE, K.REPLACE_AT_NEXT_CHECKPOINT, K.SCALE_DOWN}
+    {
+        K.RESTART_JOB,
+        K.ROLLBACK,
+        K.REPLACE_NODE,
+        K.REPLACE_AT_NEXT_CHECKPOINT,
+        K.SCALE_DOWN,
+        K.CHECKPOINT_JOB,
+    }
 )
 FINISHED_JOB = (TrainingJob.Status.COMPLETED, TrainingJob.Status.FAILED)
 # What a node kind leaves its node in: reached meanwhile, the action has nothing to do.

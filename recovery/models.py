@@ -36,6 +36,7 @@ class Action(models.Model):
         DRAIN_NODE = "drain_node"
         SCALE_DOWN = "scale_down"
         VALIDATE_NODE = "validate_node"
+        CHECKPOINT_JOB = "checkpoint_job"  # ask the running job to save a checkpoint now
 
     class State(models.TextChoices):
         PROPOSED = "proposed"

@@ -55,10 +55,11 @@ DEFAULTS: dict[str, list[tuple[str, str]]] = {
     # An interruption inside a maintenance window: the people doing the maintenance
     # bring the job back; nothing automatic.
     "planned": [],
-    # Not an incident: a window with pre_action drain_at_next_checkpoint, before it
-    # starts, moves each running job off its nodes at its next checkpoint
-    # (recovery.services.maintenance).
-    "maintenance": [(K.REPLACE_AT_NEXT_CHECKPOINT, APPROVAL)],
+    # Not an incident: before a window starts (recovery.services.maintenance), its
+    # pre_action drain_at_next_checkpoint moves each running job off its nodes at its
+    # next checkpoint (a person approves: it relaunches the job), and checkpoint_now
+    # asks each running job to save one (automatic: a save loses nothing).
+    "maintenance": [(K.REPLACE_AT_NEXT_CHECKPOINT, APPROVAL), (K.CHECKPOINT_JOB, AUTO)],
 }
 
 

@@ -155,7 +155,7 @@ class ActionProposeSerializer(serializers.Serializer):
     params = serializers.DictField(
         required=False,
         help_text="rollback: {step}; scale_down: {nodes: [...]};"
-        " replace_at_next_checkpoint: {max_wait_s}",
+        " replace_at_next_checkpoint: {max_wait_s}; checkpoint_job: none",
     )
     reason = serializers.CharField(max_length=REASON_MAX)
     incident = serializers.IntegerField(required=False, allow_null=True)

@@ -73,6 +73,11 @@ class Driver(Protocol):
         """A burn-in before the node may return to the spare pool; raises DriverError
         when the node fails it."""
 
+    def checkpoint_job(self, job: str, *, key: str) -> dict:
+        """Ask the running job to save a checkpoint now (at its next step); done once
+        the request is delivered: the save itself is the job's (docs/checkpoint-now.md).
+        A repeat with the same key delivers nothing new."""
+
     def node_status(self, node: str) -> dict: ...
 
     def job_status(self, job: str) -> dict: ...

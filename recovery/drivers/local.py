@@ -7,6 +7,8 @@ processes standing for nodes; the demo and the end-to-end tests run on it.
 - restart_job relaunches the job from its latest complete checkpoint (or, for a
   rollback, from a named step) through LocalCluster.relaunch;
 - replace_node and scale_down are LocalCluster's own;
+- checkpoint_job writes a checkpoint request (the action's key) into the job's
+  control file (agent.control.request_checkpoint), read by its ranks every step;
 - validate_node runs a short torch burn-in (recovery.drivers.burnin) in a
   subprocess; without torch it fails with a clear error.
 
@@ -153,6 +155,21 @@ class LocalDriver:
         st = self._call(self.cluster.scale_down, job, drop, by=key)
         self._log("scale_down", key, job=job, nodes=drop, attempt=st["attempt"])
         return {"changed": True, **self._summary(job, st)}
+
+    def checkpoint_job(self, job, *, key):
+        """The request in the job's control file, named by the action's key (a repeat
+        asks nothing new); its ranks see it at their next step (docs/checkpoint-now.md)."""
+        st = self._call(self.cluster.status, job)
+        if st["state"] not in ("starting", "running"):
+            raise DriverError(
+                f"job {job} is {st['state']} on the local cluster: only a running job can"
+                " save a checkpoint"
+            )
+        path = self._call(self.cluster.control_path, job)
+        made = self._call(control.request_checkpoint, path, key)
+        if made:
+            self._log("checkpoint_job", key, job=job, attempt=st["attempt"])
+        return {"changed": made, "request": key, **self._summary(job, st)}
 
     def validate_node(self, node, *, key):
         self._node(node)

@@ -66,6 +66,9 @@ class NoopDriver:
     def validate_node(self, node, *, key):
         return self._call("validate_node", node=node, key=key)
 
+    def checkpoint_job(self, job, *, key):
+        return self._call("checkpoint_job", job=job, key=key)
+
     def node_status(self, node):
         return {"node": node, "driver": "noop"}
 

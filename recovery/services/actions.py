@@ -62,7 +62,7 @@ QUEUE_GRACE_S = 120  # a queued row no worker took by then is sent again
 
 # What each kind acts on.
 NODE_KINDS = frozenset({K.CORDON_NODE, K.UNCORDON_NODE, K.DRAIN_NODE, K.VALIDATE_NODE})
-JOB_KINDS = frozenset({K.RESTART_JOB, K.ROLLBACK})
+JOB_KINDS = frozenset({K.RESTART_JOB, K.ROLLBACK, K.CHECKPOINT_JOB})
 JOB_AND_NODE_KINDS = frozenset({K.REPLACE_NODE, K.REPLACE_AT_NEXT_CHECKPOINT})
 
 

@@ -48,6 +48,7 @@ TIME_LIMITS_S = {
     K.REPLACE_AT_NEXT_CHECKPOINT: 600,
     K.SCALE_DOWN: 600,
     K.VALIDATE_NODE: 900,
+    K.CHECKPOINT_JOB: 60,  # delivering the request only; the save is the job's own
 }
 DEADLINE_GRACE_S = 30
 HOLD_S = 60  # a queued row held by the pause is looked at again after this
@@ -125,6 +126,8 @@ def _call_driver(action: Action, driver) -> dict:
         return driver.replace_node(job.key, node.name, spare.name, key=key)
     if kind == K.SCALE_DOWN:
         return driver.scale_down(job.key, _drop_names(action), key=key)
+    if kind == K.CHECKPOINT_JOB:
+        return driver.checkpoint_job(job.key, key=key)
     raise DriverError(f"no driver call for {kind}")
 
 

@@ -7,10 +7,14 @@ through the policies and approvals like any proposal (trigger `maintenance`).
   swapped for a spare and goes into repair (recovery.services.execution). A window
   over a whole cluster has nowhere to move the jobs to: nothing is proposed, and the
   result says so.
-- `checkpoint_now`: no driver can ask a job to save a checkpoint now (the drivers
-  restart, replace, cordon, drain and scale down; the checkpoint cadence is the
-  job's own). Nothing is proposed; the audit log and the result say so, so that an
-  operator can ask the job's owners to save one.
+- `checkpoint_now`: one `checkpoint_job` per running job of the window's nodes (a
+  window over a whole cluster: every running job of the cluster, since saving needs
+  no spare). The driver delivers the request (the job's control file, SIGUSR1 on
+  Slurm; docs/checkpoint-now.md) and the job saves at its next step.
+
+Each kind goes through the `maintenance` policy chain: drain_at_next_checkpoint
+proposes its rules other than checkpoint_job, checkpoint_now only checkpoint_job
+(a cluster or job may set it to approval, or off).
 
 Each window is handled once: `pre_action_proposed_at` is claimed by a conditional
 update (a second run, or a second beat, finds it taken).
@@ -35,6 +39,7 @@ from recovery.services.proposals import action_propose
 logger = logging.getLogger(__name__)
 audit_log = logging.getLogger("rebound.audit")
 
+K = Action.Kind
 P = MaintenanceWindow.PreAction
 TRIGGER = "maintenance"
 
@@ -68,13 +73,16 @@ def maintenance_pre_actions_propose(*, now=None) -> PreMaintenance:
 
 def _running_jobs_on(window: MaintenanceWindow) -> list[tuple[TrainingJob, list]]:
     """The cluster's running jobs whose latest launch uses nodes of the window, with
-    those nodes."""
+    those nodes; for a window over the whole cluster, every running job (no nodes)."""
     nodes = {n.pk: n for n in window.nodes.all()}
     jobs = TrainingJob.objects.filter(
         cluster_id=window.cluster_id, status=TrainingJob.Status.RUNNING
     ).select_related("cluster")
     out = []
-    for job in jobs:
+    for job in jobs.order_by("key"):
+        if not nodes:
+            out.append((job, []))
+            continue
         latest = Attempt.objects.filter(job=job).order_by("-number").first()
         if latest is None:
             continue
@@ -90,41 +98,50 @@ def _running_jobs_on(window: MaintenanceWindow) -> list[tuple[TrainingJob, list]
 def _propose(window: MaintenanceWindow, result: PreMaintenance) -> None:
     what = f"maintenance window #{window.pk} ({window.reason or 'no reason given'})"
     starts = f"{window.starts_at:%Y-%m-%d %H:%M} UTC"
-    if window.pre_action == P.CHECKPOINT_NOW:
-        result.notices.append(
-            f"{what} starts at {starts}: checkpoint_now asked, but no driver can make a job"
-            " save a checkpoint now; nothing proposed: ask the jobs' owners to save one"
-        )
-        return
-    if not window.nodes.exists():
+    checkpoint = window.pre_action == P.CHECKPOINT_NOW
+    if not checkpoint and not window.nodes.exists():
         result.notices.append(
             f"{what} covers the whole cluster {window.cluster.name}: there is nowhere to"
             " move its jobs; nothing proposed"
         )
         return
-    rules = policy_rules(cluster_id=window.cluster_id, job_id=None, trigger=TRIGGER)
+
+    def wanted(rules):
+        return [r for r in rules if (r.kind == K.CHECKPOINT_JOB) == checkpoint]
+
+    def propose(rule, job, node, reason) -> None:
+        target = f"{job.pk}:{node.pk}" if node is not None else f"{job.pk}"
+        try:
+            result.actions.append(
+                action_propose(
+                    cluster=window.cluster,
+                    kind=rule.kind,
+                    node=node,
+                    job=job,
+                    params={"maintenance_window": window.pk},
+                    reason=f"{what} starts at {starts}: {reason}",
+                    requested_by=f"policy:{TRIGGER}",
+                    mode=rule.mode,
+                    policy=rule.name,
+                    dedup_key=f"maintenance:{window.pk}:{rule.kind}:{target}",
+                )
+            )
+        except AppError as exc:  # refused (a lease, a duplicate) or invalid
+            on = f" of {node.name}" if node is not None else ""
+            result.notices.append(
+                f"{what}: {rule.kind}{on} for job {job.key} not proposed: {exc.detail}"
+            )
+
+    rules = wanted(policy_rules(cluster_id=window.cluster_id, job_id=None, trigger=TRIGGER))
     for job, nodes in _running_jobs_on(window):
-        for rule in policy_rules(cluster_id=window.cluster_id, job_id=job.pk, trigger=TRIGGER):
+        for rule in wanted(
+            policy_rules(cluster_id=window.cluster_id, job_id=job.pk, trigger=TRIGGER)
+        ):
+            if rule.kind == K.CHECKPOINT_JOB:
+                propose(rule, job, None, f"save a checkpoint of job {job.key} now")
+                continue
             for node in nodes:
-                try:
-                    result.actions.append(
-                        action_propose(
-                            cluster=window.cluster,
-                            kind=rule.kind,
-                            node=node,
-                            job=job,
-                            params={"maintenance_window": window.pk},
-                            reason=f"{what} starts at {starts}: move job {job.key} off {node.name}",
-                            requested_by=f"policy:{TRIGGER}",
-                            mode=rule.mode,
-                            policy=rule.name,
-                            dedup_key=f"maintenance:{window.pk}:{rule.kind}:{job.pk}:{node.pk}",
-                        )
-                    )
-                except AppError as exc:  # refused (a lease, a duplicate) or invalid
-                    result.notices.append(
-                        f"{what}: {rule.kind} of {node.name} for job {job.key} not"
-                        f" proposed: {exc.detail}"
-                    )
+                propose(rule, job, node, f"move job {job.key} off {node.name}")
     if not rules:
-        result.notices.append(f"{what}: the {TRIGGER} policy is off on this cluster")
+        kinds = "checkpoint_job" if checkpoint else "its moves"
+        result.notices.append(f"{what}: the {TRIGGER} policy for {kinds} is off on this cluster")

@@ -9,10 +9,10 @@ from django.conf import settings
 from django.utils import timezone
 
 from jobs import services as job_services
-from jobs.models import MaintenanceWindow
+from jobs.models import MaintenanceWindow, TrainingJob
 from recovery import guardrails, services, tasks
-from recovery.models import Action
-from tests.recovery.conftest import make_incident
+from recovery.models import Action, RecoveryPolicy
+from tests.recovery.conftest import make_incident, make_job
 
 pytestmark = pytest.mark.django_db
 
@@ -145,13 +145,89 @@ def test_nothing_is_proposed_before_the_lead_time(cluster, nodes, job):
     assert not Action.objects.exists()
 
 
-def test_checkpoint_now_says_plainly_that_it_cannot(cluster, nodes, job):
-    window = declare(cluster, 60, 3600, ["n01"], pre_action="checkpoint_now")
+def test_checkpoint_now_proposes_one_checkpoint_per_running_job_once(
+    cluster, nodes, job, noop, run_on_commit
+):
+    # Two jobs on the window's nodes (llm on n01+n02: one action, not one per node),
+    # one elsewhere, one finished on them.
+    other = make_job(cluster, nodes, key="other", on=("n03",))
+    make_job(cluster, nodes, key="away", on=("n07",))
+    done = make_job(cluster, nodes, key="done", on=("n02",))
+    TrainingJob.objects.filter(pk=done.pk).update(status=TrainingJob.Status.COMPLETED)
+    window = declare(cluster, 60, 3600, ["n01", "n02", "n03"], pre_action="checkpoint_now")
+    with run_on_commit():
+        tasks.maintenance_pre_actions()
+        tasks.maintenance_pre_actions()  # a second beat: nothing more
+    assert services.maintenance_pre_actions_propose().windows == []
+    actions = list(Action.objects.order_by("job__key"))
+    assert [(a.kind, a.job.key, a.node) for a in actions] == [
+        ("checkpoint_job", "llm", None),
+        ("checkpoint_job", "other", None),
+    ]
+    for action in actions:
+        assert (action.mode, action.state) == ("auto", S.SUCCEEDED)  # safe: automatic
+        assert action.params["maintenance_window"] == window.pk
+        assert action.policy == "maintenance/checkpoint_job (default)"
+        assert "save a checkpoint of job" in action.reason
+        assert action.output["op"] == "checkpoint_job"
+    assert sorted((c["op"], c["job"]) for c in noop.calls) == [
+        ("checkpoint_job", "llm"),
+        ("checkpoint_job", "other"),
+    ]
+    assert other.pk in {a.job_id for a in actions}
+    # Inside the window, the maintenance guardrail lets the window's own request pass.
+    MaintenanceWindow.objects.filter(pk=window.pk).update(starts_at=timezone.now())
+    ctx = guardrails.Context(None, timezone.now())
+    assert guardrails.maintenance(actions[0], ctx) is None
+    assert guardrails.maintenance(
+        Action(kind="checkpoint_job", cluster=cluster, job=job, params={}), ctx
+    ).startswith("maintenance:")
+
+
+def test_checkpoint_now_over_a_whole_cluster_asks_every_running_job(cluster, nodes, job):
+    make_job(cluster, nodes, key="other", on=("n09",))
+    declare(cluster, 60, 3600, pre_action="checkpoint_now")
     result = services.maintenance_pre_actions_propose()
-    assert result.windows == [window.pk] and result.actions == []
-    [notice] = result.notices
-    assert "no driver can make a job save a checkpoint now" in notice
-    assert services.maintenance_pre_actions_propose().notices == []  # once
+    assert sorted(a.job.key for a in result.actions) == ["llm", "other"]
+    assert {a.kind for a in result.actions} == {"checkpoint_job"}
+    assert result.notices == []
+
+
+def test_checkpoint_now_follows_the_policy(cluster, nodes, job, noop):
+    # A cluster that wants a person to approve the request: it waits for approval.
+    RecoveryPolicy.objects.create(
+        cluster=cluster, trigger="maintenance", kind="checkpoint_job", mode="approval"
+    )
+    declare(cluster, 60, 3600, ["n01"], pre_action="checkpoint_now")
+    [action] = services.maintenance_pre_actions_propose().actions
+    assert (action.kind, action.state) == ("checkpoint_job", S.AWAITING_APPROVAL)
+    assert noop.calls == []
+    # Off: nothing proposed, and the result says so.
+    Action.objects.all().delete()
+    RecoveryPolicy.objects.filter(cluster=cluster).update(mode="off")
+    declare(cluster, 60, 3600, ["n01"], pre_action="checkpoint_now")
+    result = services.maintenance_pre_actions_propose()
+    assert result.actions == []
+    assert "policy for checkpoint_job is off" in result.notices[0]
+
+
+def test_drain_at_next_checkpoint_proposes_no_checkpoint_job(cluster, nodes, job):
+    declare(cluster, 60, 3600, ["n01"], pre_action="drain_at_next_checkpoint")
+    assert [a.kind for a in services.maintenance_pre_actions_propose().actions] == [
+        "replace_at_next_checkpoint"
+    ]
+
+
+def test_a_failed_delivery_fails_the_action_visibly(cluster, nodes, job, noop, run_on_commit):
+    from recovery.drivers import DriverError
+
+    noop.errors.append(DriverError("checkpoint_job of job llm: not supported by the x driver"))
+    declare(cluster, 60, 3600, ["n01"], pre_action="checkpoint_now")
+    with run_on_commit():
+        tasks.maintenance_pre_actions()
+    [action] = Action.objects.all()
+    assert action.state == S.FAILED
+    assert "not supported" in action.error
 
 
 def test_a_whole_cluster_window_has_nowhere_to_move_jobs(cluster, nodes, job):

@@ -60,7 +60,7 @@ def test_the_defaults(cluster):
         "crash_loop": [],
         "preemption": [],
         "planned": [],
-        "maintenance": [("replace_at_next_checkpoint", "approval")],
+        "maintenance": [("replace_at_next_checkpoint", "approval"), ("checkpoint_job", "auto")],
     }
 
 

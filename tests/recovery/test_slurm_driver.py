@@ -11,6 +11,7 @@ about 6-8 s); the tests that wait for a restart take that long.
 
 import json
 import os
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -379,3 +380,41 @@ def test_a_relaunch_left_held_by_a_lost_worker_is_finished(slurm, driver):
     st = driver.job_status("llm")
     assert st["held"] is False and st["node_count"] == 1 and st["excluded"] == [drop]
     assert driver.scale_down("llm", [drop], key=KEY)["changed"] is False
+
+
+HONOURS = """\
+import sys, time
+sys.path.insert(0, {repo!r})
+from agent.checkpoint_request import checkpoint_requested, install_signal_handler
+install_signal_handler()
+print("start restart=0", flush=True)
+while True:
+    if checkpoint_requested():
+        print("checkpoint requested", flush=True)
+    time.sleep(0.05)
+"""
+
+
+def test_checkpoint_job_signals_the_steps_once(slurm, driver, tmp_path):
+    # Off unless the cluster's options name the signal: torchrun would die of it.
+    with pytest.raises(DriverError, match="off on this Slurm cluster"):
+        driver.checkpoint_job("llm", key=KEY)
+    script = tmp_path / "honour.py"
+    script.write_text(HONOURS.format(repo=str(Path(__file__).resolve().parents[2])))
+    submit(slurm, "llm", wrap=f"srun {sys.executable} {script}")
+    st = running(driver, "llm")
+    on = SlurmDriver(slurm_conf=str(slurm.conf), checkpoint_signal="USR1")
+    out = on.checkpoint_job("llm", key=KEY)
+    assert out["changed"] is True and out["signal"] == "USR1"
+    assert out["commands"][0] == f"scancel --signal=USR1 {st['job_id']}"
+    wait_for(lambda: "checkpoint requested" in output(st), what="the step to see the request")
+    # A repeat of the action (a lost worker) signals nothing more.
+    again = on.checkpoint_job("llm", key=KEY)
+    assert again["changed"] is False and again["commands"] == []
+    time.sleep(1.0)
+    assert output(st).count("checkpoint requested") == 1
+    assert driver.job_status("llm")["state"] == "running"  # the job lives on
+    # A job that does not run cannot save anything.
+    submit(slurm, "held", "--hold", wrap="sleep 60")
+    with pytest.raises(DriverError, match="only a running job"):
+        on.checkpoint_job("held", key=KEY)

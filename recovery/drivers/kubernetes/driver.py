@@ -39,6 +39,9 @@ class KubernetesDriver:
     def validate_node(self, node, *, key):
         return validation.validate_node(self.kube, node, key=key)
 
+    def checkpoint_job(self, job, *, key):
+        return workloads.checkpoint_job(self.kube, job, key=key)
+
     def node_status(self, node):
         return nodes.node_status(self.kube, node)
 

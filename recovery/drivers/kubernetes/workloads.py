@@ -298,3 +298,17 @@ def workload_finished(wl) -> str | None:
     if ("Failed", "True") in pairs:
         return "failed"
     return None
+
+
+def checkpoint_job(kube: KubeClient, job: str, *, key: str) -> dict:
+    """Not supported: Kubernetes has no way to hand a running container a request
+    that the training process would see without extra permissions or plumbing (an
+    annotation on its pods is visible only to a process that may read the API, and
+    `exec` to send a signal needs pods/exec). Refused plainly, so the action fails
+    with the reason instead of pretending (docs/checkpoint-now.md)."""
+    raise DriverError(
+        f"checkpoint_job of job {job}: not supported by the kubernetes driver (a running"
+        " pod cannot be asked to save a checkpoint without extra permissions: pods/exec"
+        " to signal it, or API access from the job to read an annotation); ask the job's"
+        " owners to save one, or use drain_at_next_checkpoint"
+    )

@@ -38,6 +38,9 @@ class SlurmDriver:
     def scale_down(self, job, nodes, *, key):
         return workloads.scale_down(self._commands(), job, nodes, key=key)
 
+    def checkpoint_job(self, job, *, key):
+        return workloads.checkpoint_job(self._commands(), job, key=key)
+
     def validate_node(self, node, *, key):
         return validation.validate_node(self._commands(), node, key=key)
 

@@ -27,6 +27,9 @@ class SlurmOptions:
     min_gflops: float = 0.0
     poll_interval: float = 1.0
     json: bool = True  # False: parse `scontrol -o` even where --json exists
+    # checkpoint_job: the signal sent to the job's steps ("USR1"); None: refused, since
+    # a step process without a handler (torchrun, a plain script) dies of it
+    checkpoint_signal: str | None = None
 
     @classmethod
     def from_settings(cls, settings: dict) -> SlurmOptions:
@@ -43,4 +46,5 @@ class SlurmOptions:
             min_gflops=float(opts.min_gflops),
             poll_interval=float(opts.poll_interval),
             json=bool(opts.json),
+            checkpoint_signal=str(opts.checkpoint_signal) if opts.checkpoint_signal else None,
         )

@@ -1,4 +1,5 @@
-"""The job, for the slurm driver: restart, replace a node and scale down. A
+"""The job, for the slurm driver: restart, replace a node, scale down, and ask it
+to checkpoint (SIGUSR1). A
 queued or running job is requeued (held while its node list or count is
 changed, then released); a rollback, or a job slurmctld no longer has, is
 submitted again with sbatch. Every relaunch stamps the job's Comment with the
@@ -93,6 +94,40 @@ def scale_down(rec: Commands, job: str, nodes, *, key: str) -> dict:
     if j["required"]:
         updates["nodelist"] = ",".join(n for n in j["required"] if n not in drop)
     return relaunch(rec, j, key, "scale_down", updates)
+
+
+def checkpoint_job(rec: Commands, job: str, *, key: str) -> dict:
+    """Ask a running job to save a checkpoint: the option `checkpoint_signal` (USR1)
+    to its steps (the processes srun started; not the batch shell, which would die
+    of it), which agent.init's handler turns into agent.checkpoint_requested(). Off
+    unless that option is set: every process of the job's steps must survive the
+    signal (srun python train.py with agent.init does; torchrun does not).
+    Signalled first and stamped in the Comment after, so a worker lost in between
+    signals again (one extra save) rather than never; a stamped job is not signalled
+    twice."""
+    sig = rec.client.options.checkpoint_signal
+    if not sig:
+        raise DriverError(
+            f"checkpoint_job of job {job}: off on this Slurm cluster: set the driver option"
+            ' checkpoint_signal ("USR1") once its jobs\' step processes survive that'
+            " signal (srun python train.py with agent.init; not srun torchrun, which dies"
+            " of it): docs/checkpoint-now.md"
+        )
+    if not sig.isalnum():
+        raise DriverError(f"driver option checkpoint_signal {sig!r} is not a signal name")
+    j = _known_job(rec, job)
+    jid = str(j["job_id"])
+    if stamp(j, key) == "checkpoint_job signalled":
+        return rec.result(changed=False, already=True, **job_brief(j))
+    if j["state"] not in RUNNING:
+        raise DriverError(
+            f"job {j['job']} ({jid}) is {j['state']}: only a running job can save a checkpoint",
+            output=job_brief(j),
+        )
+    rec.change("scancel", f"--signal={sig}", jid)
+    comment = f"comment={mark(key)} checkpoint_job signalled"
+    rec.change("scontrol", "update", f"jobid={jid}", comment)
+    return rec.result(changed=True, signal=sig, **job_brief(j))
 
 
 def job_status(client: SlurmClient, job: str) -> dict:
