@@ -81,7 +81,9 @@ def database_quiet(timeout_s: float = 15.0, quiet_s: float = 1.0) -> None:
         time.sleep(0.05)
 
 
-def until(condition, what: str, timeout_s: float = 60.0, cluster=None, job=None):
+def until(condition, what: str, timeout_s: float = 60.0, cluster=None, job=None, describe=None):
+    """`condition()`'s first true value; on timeout an error saying what was awaited,
+    with the job's state on the cluster and what `describe()` tells."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = condition()
@@ -89,7 +91,8 @@ def until(condition, what: str, timeout_s: float = 60.0, cluster=None, job=None)
             return value
         if time.monotonic() > deadline:
             state = cluster.status(job) if cluster is not None else ""
-            raise AssertionError(f"timed out waiting for {what} {state}")
+            seen = describe() if describe is not None else ""
+            raise AssertionError(f"timed out waiting for {what} {state} {seen}")
         time.sleep(0.2)
 
 

@@ -106,8 +106,14 @@ def test_a_stopped_rank_is_a_hang(live_cluster):
     local = Cluster.objects.get(name="local")
     DetectorSetting.objects.create(cluster=local, name="hang.floor_s", value=3)
     DetectorSetting.objects.create(cluster=local, name="dead_node.timeout_s", value=600)
+    # The rank is stopped near step 25, when a checkpoint save is due: a save in flight
+    # in the gap adds its allowance (600 s) to the timeout, and the peer's collective
+    # timeout (60 s) would then end the launch first, an NCCL timeout explaining it.
+    DetectorSetting.objects.create(cluster=local, name="hang.save_allowance_s", value=0)
     with celery_worker():
-        cluster.launch("e2e-hang", nodes=["n1", "n2"], steps=5000, **TRAIN)
+        cluster.launch(
+            "e2e-hang", nodes=["n1", "n2"], steps=5000, **{**TRAIN, "collective_timeout_s": 600}
+        )
         until(lambda: stored_step("e2e-hang") >= 20, "step 20", cluster=cluster, job="e2e-hang")
         cluster.hang_rank("e2e-hang", 1)
         incident = until(
@@ -116,6 +122,9 @@ def test_a_stopped_rank_is_a_hang(live_cluster):
             # The timeout is 5x the longest step interval seen: a loaded machine that
             # stalled one step for 10 s makes it 50 s.
             timeout_s=120,
+            describe=lambda: list(
+                Incident.objects.filter(job__key="e2e-hang").values_list("fault_type", "cause")
+            ),
         )
         cluster.stop("e2e-hang")
     assert incident.cause == Incident.Cause.HANG
