@@ -77,10 +77,15 @@ def steps(r, first, last, **extra):
 
 
 def spill_lines(spill):
+    # The sender may hand the spill over (rename it to `.sending`) while this reads:
+    # read the spill first and `.sending` second, so what moved is read from its new name.
     lines = []
     for path in (spill, Path(f"{spill}.sending")):
-        if path.exists():
-            lines += [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            continue
+        lines += [json.loads(x) for x in text.splitlines() if x.strip()]
     return lines
 
 
