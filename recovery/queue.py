@@ -2,13 +2,16 @@
 
 Services record and never send. Their callers (the API views, the pages, the
 tasks, the receivers) call these afterwards; each task is sent once the caller's
-transaction commits, so that the worker finds the row as committed.
+transaction commits, so that the worker finds the row as committed. An incident's
+proposal goes through the outbox (common.outbox): nothing else would send it again
+after a broker outage, whereas actions' rows are the reconciler's to send again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from common.outbox import Work, outbox_enqueue
 from common.queue import enqueue_on_commit
 from recovery import services, tasks
 from recovery.models import Action
@@ -33,8 +36,9 @@ def action_follow_up_send(action_id: int) -> None:
 
 
 def incident_propose_send(incident_id: int) -> None:
-    """An incident opened or changed: propose what the policies say."""
-    enqueue_on_commit(tasks.incident_propose, incident_id)
+    """An incident opened or changed: propose what the policies say (durably: a row
+    in the outbox, in the caller's transaction)."""
+    outbox_enqueue([Work(tasks.PROPOSE_TASK, str(incident_id), [incident_id])])
 
 
 def action_send(action: Action) -> None:

@@ -10,17 +10,22 @@ import logging
 
 from celery import shared_task
 
+from common.outbox import outbox_claim
 from incidents.models import Incident
 from recovery import queue, services
 from recovery.models import Action
 
 logger = logging.getLogger(__name__)
 
+PROPOSE_TASK = "recovery.incident_propose"
 
-@shared_task(name="recovery.incident_propose", time_limit=60, ignore_result=True)
+
+@shared_task(name=PROPOSE_TASK, time_limit=60, ignore_result=True)
 def incident_propose(incident_id: int) -> None:
     """Propose what the policies say for an incident that opened or changed; the
-    automatic proposals the guardrails let through are executed."""
+    automatic proposals the guardrails let through are executed. Sent through the
+    outbox (recovery.queue.incident_propose_send)."""
+    outbox_claim(task=PROPOSE_TASK, key=str(incident_id))
     incident = Incident.objects.select_related("job", "cluster").filter(pk=incident_id).first()
     if incident is not None:
         queue.actions_send(services.incident_propose(incident=incident))

@@ -8,13 +8,17 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from common.models import OutboxEntry
+from common.outbox import outbox_drain
+from incidents.models import Incident
+from incidents.signals import incident_opened
 from jobs.models import Node, TrainingJob
 from jobs.signals import events_stored
 from recovery import queue, services, tasks
 from recovery.drivers import DriverError, DriverTransientError
 from recovery.models import Action
 from tests.factories import AttemptFactory, CheckpointFactory
-from tests.recovery.conftest import T0, audit_moves, dt
+from tests.recovery.conftest import T0, audit_moves, dt, make_incident
 
 pytestmark = pytest.mark.django_db
 
@@ -27,6 +31,26 @@ def queued(cluster, kind="cordon_node", **target):
     )
     assert action.state == S.QUEUED, action.blocked_reason
     return action
+
+
+def test_an_incident_s_proposal_outlives_a_lost_send(
+    job, nodes, noop, django_capture_on_commit_callbacks
+):
+    """The proposal for an opened incident is an outbox row written before its send: a
+    send lost with the broker (here: never made) is made again by the drain, and the
+    task, claiming the row, proposes once however often it runs."""
+    incident = make_incident(job, cause="software", fault_type="crash")
+    with django_capture_on_commit_callbacks(execute=False):
+        incident_opened.send(sender=Incident, incident=incident)
+    entry = OutboxEntry.objects.get(task=tasks.PROPOSE_TASK)
+    assert (entry.key, entry.args) == (str(incident.pk), [incident.pk])
+    assert not Action.objects.exists()
+    assert outbox_drain(now=entry.retry_at) == 1  # a worker (re)connecting, or beat
+    assert not OutboxEntry.objects.exists()
+    [restart] = Action.objects.all()
+    assert (restart.kind, restart.incident_id) == ("restart_job", incident.pk)
+    tasks.incident_propose(incident.pk)
+    assert Action.objects.count() == 1
 
 
 def test_execute_twice_does_it_once(cluster, nodes, noop):
