@@ -70,7 +70,9 @@ class Rule(models.Model):
     channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="rules")
     clusters = models.JSONField(default=list, blank=True, help_text="cluster names; empty: all")
     severities = models.JSONField(default=list, blank=True, help_text="empty: all")
-    causes = models.JSONField(default=list, blank=True, help_text="incident causes; empty: all")
+    causes = models.JSONField(
+        default=list, blank=True, help_text="incident causes; empty: all but planned"
+    )
     events = models.JSONField(default=list, blank=True, help_text="empty: all")
     group_window_s = models.PositiveIntegerField(
         default=60, help_text="events within this many seconds go out as one message"

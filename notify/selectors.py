@@ -14,15 +14,18 @@ from recovery.models import Action
 
 
 def rule_matches(rule: Rule, *, event: str, cluster: str | None, incident: Incident | None) -> bool:
-    """Empty filters let everything through; severity and cause filters need an
-    incident (an action's own or the one it answers)."""
+    """Empty filters let everything through, but for planned incidents: scheduled
+    maintenance pages only the rules whose causes name `planned`. Severity and cause
+    filters need an incident (an action's own or the one it answers)."""
     if rule.events and event not in rule.events:
         return False
     if rule.clusters and cluster not in rule.clusters:
         return False
     if rule.severities and (incident is None or incident.severity not in rule.severities):
         return False
-    return not rule.causes or (incident is not None and incident.cause in rule.causes)
+    if not rule.causes:
+        return incident is None or incident.cause != Incident.Cause.PLANNED
+    return incident is not None and incident.cause in rule.causes
 
 
 def rules_matching(*, event: str, cluster_id: int | None, incident: Incident | None) -> list[Rule]:

@@ -96,7 +96,7 @@ class RuleSerializer(serializers.ModelSerializer):
         child=serializers.ChoiceField(Incident.Cause.choices),
         max_length=MAX_FILTER,
         required=False,
-        help_text="incident causes; empty: all",
+        help_text="incident causes; empty: all but planned",
     )
     events = serializers.ListField(
         child=serializers.ChoiceField(RULE_EVENTS),

@@ -48,6 +48,20 @@ def test_rules_filter_by_cluster_severity_cause_and_event(job):
     assert opened(minor) == {"all", "east", "opened-only"}
 
 
+def test_planned_incidents_page_only_the_rules_that_name_planned(job):
+    """Scheduled maintenance wakes no one: an empty cause filter lets everything through
+    but `planned`; a rule naming `planned` gets it."""
+    channel = make_channel("webhook", "http://127.0.0.1:9/")
+    make_rule(channel, name="all")
+    make_rule(channel, name="critical", severities=["critical"])
+    make_rule(channel, name="maintenance", causes=["planned"])
+    make_rule(channel, name="gpu-and-planned", causes=["gpu", "planned"])
+    planned = make_incident(job, cause="planned", severity="critical")
+    assert opened(planned) == {"maintenance", "gpu-and-planned"}
+    gpu = make_incident(job, cause="gpu", severity="critical")
+    assert opened(gpu) == {"all", "critical", "gpu-and-planned"}
+
+
 def test_a_disabled_channel_s_rules_make_nothing(job):
     make_rule(make_channel("webhook", "http://127.0.0.1:9/", enabled=False))
     assert opened(make_incident(job)) == set()
