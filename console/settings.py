@@ -442,6 +442,10 @@ REBOUND_METRICS_ALLOW_FROM = _networks("REBOUND_METRICS_ALLOW_FROM")
 # A job's goodput and badput series are exported while it runs and for this long after
 # it was last heard from or finished, so that old jobs do not grow the series forever.
 REBOUND_METRICS_JOB_HORIZON_S = env_seconds("REBOUND_METRICS_JOB_HORIZON_S", 86400, 0, 1e9)
+# The totals over every job, incident and finished action are read at most this often
+# (a snapshot in the cache, shared by every web process), not at each scrape; 0 reads
+# them at each scrape.
+REBOUND_METRICS_TOTALS_MAX_AGE_S = env_seconds("REBOUND_METRICS_TOTALS_MAX_AGE_S", 60, 0, 3600)
 # Notifications (notify, docs/notifications.md). The console's external base URL: every
 # message links to an incident's or the approvals page under it.
 REBOUND_PUBLIC_URL = os.environ.get("REBOUND_PUBLIC_URL") or "http://127.0.0.1:8000"

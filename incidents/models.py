@@ -80,6 +80,8 @@ class Incident(models.Model):
             models.Index(
                 fields=["job"], name="incident_awaiting_recovery", condition=Q(recovered_at=None)
             ),
+            # The few open ones, for /metrics at every scrape.
+            models.Index(fields=["cluster"], name="incident_open", condition=Q(state="open")),
         ]
 
     def __str__(self):

@@ -164,6 +164,10 @@ class Action(models.Model):
                 condition=Q(state="awaiting_approval"),
             ),
             models.Index(fields=["cluster", "state", "-created_at"], name="action_cluster_state"),
+            # The unfinished ones, for /metrics at every scrape.
+            models.Index(
+                fields=["cluster"], name="action_active", condition=Q(state__in=ACTIVE_STATES)
+            ),
             models.Index(fields=["job", "-created_at"], name="action_by_job"),
             models.Index(fields=["node", "-created_at"], name="action_by_node"),
         ]

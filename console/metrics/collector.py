@@ -1,7 +1,16 @@
-"""The metrics of one scrape, read from the database (and the broker and the cache) each
-time: gunicorn runs several processes, so counters kept in one process would each
-tell a part. A handful of aggregate queries on small tables (jobs, ledgers,
-incidents, actions, the outbox); never a stream table (events, steps, windows).
+"""The metrics of one scrape, read from the database (and the broker and the cache):
+gunicorn runs several processes, so counters kept in one process would each tell a
+part. Never a stream table (events, steps, windows), and no scan of a table that only
+grows on each scrape:
+
+- live at every scrape, each through an index on the few rows it needs: open
+  incidents, unfinished actions and approvals, recent jobs' ledgers, the outbox due,
+  the broker's queues;
+- the totals over every job, incident and finished action (job counts, events
+  stored, lost compute, the incident-time histograms, finished actions) come from a
+  snapshot in the cache, read anew at most every REBOUND_METRICS_TOTALS_MAX_AGE_S
+  (60 s) by whichever process scrapes first, and shared by all: so those counters lag
+  by up to that long, which a `rate()` over minutes does not see.
 
 Families are yielded by `ReboundCollector.collect` (prometheus_client's custom
 collector protocol) into a registry of their own (`views.metrics`), never the
@@ -18,6 +27,8 @@ from collections import defaultdict
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.cache import cache
+from django.db import connection
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Min, Q, Sum
 from django.utils import timezone
 from prometheus_client.core import (
@@ -51,6 +62,9 @@ INCIDENT_TIMES = (
 # "<queue>\x06\x16<p>" (kombu.transport.redis: PRIORITY_STEPS, Channel.sep).
 KOMBU_PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
 BROKER_TIMEOUT_S = 1.0
+# The cache key of the totals' snapshot (one per database, should databases share a
+# cache) and the version of its shape.
+TOTALS_KEY = "metrics:totals:v1:{database}"
 
 
 class ReboundCollector:
@@ -63,10 +77,11 @@ class ReboundCollector:
     def collect(self):
         started = time.perf_counter()
         clusters = list(Cluster.objects.order_by("name").values_list("name", flat=True))
-        yield from self._jobs()
+        totals = snapshot_totals(self.now)
+        yield from self._jobs(totals)
         yield from self._ledgers()
-        yield from self._incidents()
-        yield from self._actions(clusters)
+        yield from self._incidents(totals)
+        yield from self._actions(clusters, totals)
         yield from self._outbox()
         yield from self._queues()
         yield from self._refusals()
@@ -86,23 +101,20 @@ class ReboundCollector:
 
     # --- jobs and their ledgers --------------------------------------------------
 
-    def _jobs(self):
+    def _jobs(self, totals: dict):
         by_status = GaugeMetricFamily(
-            "rebound_jobs", "Training jobs by cluster and status.", labels=["cluster", "status"]
+            "rebound_jobs",
+            "Training jobs by cluster and status (from the totals' snapshot).",
+            labels=["cluster", "status"],
         )
         events = CounterMetricFamily(
             "rebound_ingest_events",
             "Events ingested and stored (duplicates not counted), by cluster: the sum of"
-            " the jobs' event counts.",
+            " the jobs' event counts (from the totals' snapshot).",
             labels=["cluster"],
         )
         stored: dict[str, int] = defaultdict(int)
-        rows = (
-            TrainingJob.objects.values_list("cluster__name", "status")
-            .annotate(n=Count("id"), events=Sum("events_count"))
-            .order_by("cluster__name", "status")
-        )
-        for cluster, status, n, count in rows:
+        for cluster, status, n, count in totals["jobs"]:
             by_status.add_metric([cluster, status], n)
             stored[cluster] += count or 0
         for cluster, count in stored.items():
@@ -178,67 +190,38 @@ class ReboundCollector:
 
     # --- incidents -------------------------------------------------------------------
 
-    def _incidents(self):
-        """Open incidents, lost compute and the time histograms: one aggregate query,
-        each histogram bucket a filtered count (never a row per incident)."""
-        durations = {
-            name: ExpressionWrapper(F(later) - F("fault_at"), output_field=DurationField())
-            for name, later, _ in INCIDENT_TIMES
-        }
-        aggregates = {
-            "open": Count("id", filter=Q(state__in=Incident.OPEN_STATES)),
-            "lost": Sum("lost_gpu_seconds"),
-        }
-        for name, later, _ in INCIDENT_TIMES:
-            known = Q(**{f"{later}__isnull": False})
-            aggregates[f"{name}_n"] = Count("id", filter=known)
-            aggregates[f"{name}_sum"] = Sum(f"t_{name}", filter=known)
-            for i, bound in enumerate(TIME_BUCKETS_S):
-                aggregates[f"{name}_{i}"] = Count(
-                    "id", filter=known & Q(**{f"t_{name}__lte": timedelta(seconds=bound)})
-                )
-        rows = (
-            Incident.objects.alias(**{f"t_{name}": d for name, d in durations.items()})
-            .values("cluster__name", "cause", "severity")
-            .annotate(**aggregates)
-            .order_by("cluster__name", "cause", "severity")
-        )
+    def _incidents(self, totals: dict):
         open_ = GaugeMetricFamily(
             "rebound_incidents_open",
             "Incidents open (not yet recovered or resolved), by cluster, cause and severity.",
             labels=["cluster", "cause", "severity"],
         )
+        rows = (
+            Incident.objects.filter(state__in=Incident.OPEN_STATES)  # incident_open index
+            .values_list("cluster__name", "cause", "severity")
+            .annotate(n=Count("id"))
+            .order_by("cluster__name", "cause", "severity")
+        )
+        for cluster, cause, severity, n in rows:
+            open_.add_metric([cluster, cause, severity], n)
+        yield open_
         lost = CounterMetricFamily(
             "rebound_incident_lost_gpu_seconds",
             "GPU-seconds lost to incidents (their badput), by cluster and cause; divide by"
-            " 3600 for GPU-hours.",
+            " 3600 for GPU-hours (from the totals' snapshot).",
             labels=["cluster", "cause"],
         )
-        lost_by: dict[tuple, float] = defaultdict(float)
-        hist: dict[str, dict[str, list]] = {name: {} for name, _, _ in INCIDENT_TIMES}
-        for row in rows:
-            cluster = row["cluster__name"]
-            if row["open"]:
-                open_.add_metric([cluster, row["cause"], row["severity"]], row["open"])
-            lost_by[(cluster, row["cause"])] += row["lost"] or 0.0
-            for name, _, _ in INCIDENT_TIMES:
-                acc = hist[name].setdefault(cluster, [0] * len(TIME_BUCKETS_S) + [0, 0.0])
-                for i in range(len(TIME_BUCKETS_S)):
-                    acc[i] += row[f"{name}_{i}"]
-                acc[-2] += row[f"{name}_n"]
-                total = row[f"{name}_sum"]
-                acc[-1] += total.total_seconds() if total is not None else 0.0
-        for (cluster, cause), seconds in sorted(lost_by.items()):
+        for cluster, cause, seconds in totals["lost"]:
             lost.add_metric([cluster, cause], seconds)
-        yield open_
         yield lost
         for name, _, what in INCIDENT_TIMES:
             fam = HistogramMetricFamily(
                 f"rebound_incident_time_to_{name}_seconds",
-                f"Incidents' time to {name}: {what}; every incident with that time.",
+                f"Incidents' time to {name}: {what}; every incident with that time (from"
+                " the totals' snapshot).",
                 labels=["cluster"],
             )
-            for cluster, acc in sorted(hist[name].items()):
+            for cluster, acc in totals["times"][name]:
                 buckets = [(str(float(b)), acc[i]) for i, b in enumerate(TIME_BUCKETS_S)]
                 buckets.append(("+Inf", acc[-2]))
                 fam.add_metric([cluster], buckets, sum_value=acc[-1])
@@ -246,7 +229,7 @@ class ReboundCollector:
 
     # --- actions and approvals ---------------------------------------------------------
 
-    def _actions(self, clusters: list[str]):
+    def _actions(self, clusters: list[str], totals: dict):
         active = GaugeMetricFamily(
             "rebound_actions",
             "Actions not finished, by cluster, kind and state.",
@@ -254,9 +237,11 @@ class ReboundCollector:
         )
         finished = CounterMetricFamily(
             "rebound_actions_finished",
-            "Actions that ended, by cluster, kind and final state.",
+            "Actions that ended, by cluster, kind and final state (from the totals' snapshot).",
             labels=["cluster", "kind", "state"],
         )
+        for cluster, kind, state, n in totals["actions_finished"]:
+            finished.add_metric([cluster, kind, state], n)
         waiting = GaugeMetricFamily(
             "rebound_approvals_waiting",
             "Actions awaiting an operator's approval, by cluster.",
@@ -270,14 +255,12 @@ class ReboundCollector:
         waiting_n = dict.fromkeys(clusters, 0)
         oldest: dict[str, object] = {}
         rows = (
-            Action.objects.values_list("cluster__name", "kind", "state")
+            Action.objects.filter(state__in=Action.ACTIVE_STATES)  # the action_active index
+            .values_list("cluster__name", "kind", "state")
             .annotate(n=Count("id"), first=Min("created_at"))
             .order_by("cluster__name", "kind", "state")
         )
         for cluster, kind, state, n, first in rows:
-            if state in Action.TERMINAL_STATES:
-                finished.add_metric([cluster, kind, state], n)
-                continue
             active.add_metric([cluster, kind, state], n)
             if state == Action.State.AWAITING_APPROVAL:
                 waiting_n[cluster] = waiting_n.get(cluster, 0) + n
@@ -344,6 +327,86 @@ class ReboundCollector:
         for reason, n in counts.items():
             fam.add_metric([reason], n)
         yield fam
+
+
+# --- the totals' snapshot -----------------------------------------------------------------
+
+
+def snapshot_totals(now) -> dict:
+    """The totals (see the module's docstring): the cache's snapshot while it is younger
+    than REBOUND_METRICS_TOTALS_MAX_AGE_S, else read anew and put there. A cache that is
+    away misses: each scrape then reads them itself, as with a max age of 0."""
+    max_age = settings.REBOUND_METRICS_TOTALS_MAX_AGE_S
+    key = TOTALS_KEY.format(database=connection.settings_dict["NAME"])
+    if max_age > 0:
+        kept = cache.get(key)
+        if kept is not None and 0 <= now.timestamp() - kept["at"] < max_age:
+            return kept
+    totals = read_totals()
+    totals["at"] = now.timestamp()
+    if max_age > 0:
+        cache.set(key, totals, timeout=max_age)
+    return totals
+
+
+def forget_totals() -> None:
+    """Drop the snapshot, so that the next scrape reads the totals anew."""
+    cache.delete(TOTALS_KEY.format(database=connection.settings_dict["NAME"]))
+
+
+def read_totals() -> dict:
+    """One pass over jobs, incidents and finished actions: aggregate queries, each
+    histogram bucket a filtered count (never a row per incident). Plain lists, for the
+    cache."""
+    jobs = list(
+        TrainingJob.objects.values_list("cluster__name", "status")
+        .annotate(n=Count("id"), events=Sum("events_count"))
+        .order_by("cluster__name", "status")
+    )
+    durations = {
+        name: ExpressionWrapper(F(later) - F("fault_at"), output_field=DurationField())
+        for name, later, _ in INCIDENT_TIMES
+    }
+    aggregates = {"lost": Sum("lost_gpu_seconds")}
+    for name, later, _ in INCIDENT_TIMES:
+        known = Q(**{f"{later}__isnull": False})
+        aggregates[f"{name}_n"] = Count("id", filter=known)
+        aggregates[f"{name}_sum"] = Sum(f"t_{name}", filter=known)
+        for i, bound in enumerate(TIME_BUCKETS_S):
+            aggregates[f"{name}_{i}"] = Count(
+                "id", filter=known & Q(**{f"t_{name}__lte": timedelta(seconds=bound)})
+            )
+    rows = (
+        Incident.objects.alias(**{f"t_{name}": d for name, d in durations.items()})
+        .values("cluster__name", "cause")
+        .annotate(**aggregates)
+        .order_by("cluster__name", "cause")
+    )
+    lost = []
+    # Per time: {cluster: [bucket counts..., count, sum]}.
+    times: dict[str, dict[str, list]] = {name: {} for name, _, _ in INCIDENT_TIMES}
+    for row in rows:
+        cluster = row["cluster__name"]
+        lost.append((cluster, row["cause"], row["lost"] or 0.0))
+        for name, _, _ in INCIDENT_TIMES:
+            acc = times[name].setdefault(cluster, [0] * len(TIME_BUCKETS_S) + [0, 0.0])
+            for i in range(len(TIME_BUCKETS_S)):
+                acc[i] += row[f"{name}_{i}"]
+            acc[-2] += row[f"{name}_n"]
+            total = row[f"{name}_sum"]
+            acc[-1] += total.total_seconds() if total is not None else 0.0
+    finished = list(
+        Action.objects.filter(state__in=Action.TERMINAL_STATES)
+        .values_list("cluster__name", "kind", "state")
+        .annotate(n=Count("id"))
+        .order_by("cluster__name", "kind", "state")
+    )
+    return {
+        "jobs": jobs,
+        "lost": lost,
+        "times": {name: sorted(by.items()) for name, by in times.items()},
+        "actions_finished": finished,
+    }
 
 
 _clients: dict[str, object] = {}

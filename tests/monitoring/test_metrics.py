@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 
 from common.models import OutboxEntry
 from console.metrics import refusals
-from console.metrics.collector import TIME_BUCKETS_S
+from console.metrics.collector import TIME_BUCKETS_S, forget_totals, snapshot_totals
 from console.services import token_issue, user_set_role
 from incidents.models import Incident
 from jobs.models import LedgerSnapshot, TrainingJob
@@ -281,20 +281,54 @@ def _queries(client) -> int:
     return len(queries)
 
 
+def _fresh_queries(client) -> int:
+    forget_totals()
+    return _queries(client)
+
+
 def test_the_query_count_is_bounded_whatever_the_events_jobs_and_incidents(
     personas, ingest, sample
 ):
     client = viewer(personas)
     scrape(client)  # the token's last_used_at is written at most once a minute
-    few = _queries(client)
-    assert few <= 8
+    fresh = _fresh_queries(client)  # the totals read anew
+    cached = _queries(client)  # the totals from the snapshot
+    assert cached <= 7 and fresh == cached + 3
     sample_job(ingest, sample)  # events, steps, a ledger, incidents
     for _ in range(5):
         job = TrainingJobFactory(status="running")
         LedgerSnapshot.objects.create(job=job, revision=0, figures={"categories": {}})
         IncidentFactory(job=job, cluster=job.cluster)
         ActionFactory(job=job, cluster=job.cluster)
-    assert _queries(client) == few
+    assert _fresh_queries(client) == fresh
+    assert _queries(client) == cached
+
+
+def test_the_totals_are_read_at_most_once_a_max_age(settings, personas):
+    """Lost compute and finished actions come from the snapshot until it is max age old;
+    open incidents and waiting approvals are live at every scrape; 0 reads at each."""
+    settings.REBOUND_METRICS_TOTALS_MAX_AGE_S = 60
+    job = TrainingJobFactory(status="running")
+    at = {"cluster": job.cluster.name, "cause": "network"}
+    IncidentFactory(job=job, cluster=job.cluster, cause="network", lost_gpu_seconds=100.0)
+    client = viewer(personas)
+    assert value(families(scrape(client)), "rebound_incident_lost_gpu_seconds_total", **at) == 100
+    IncidentFactory(
+        job=job, cluster=job.cluster, cause="network", severity="critical", lost_gpu_seconds=50.0
+    )
+    ActionFactory(job=job, cluster=job.cluster, state=Action.State.AWAITING_APPROVAL)
+    fams = families(scrape(client))
+    assert value(fams, "rebound_incident_lost_gpu_seconds_total", **at) == 100  # the snapshot
+    assert value(fams, "rebound_incidents_open", severity="critical", **at) == 1  # live
+    assert value(fams, "rebound_approvals_waiting", cluster=job.cluster.name) == 1  # live
+
+    now = timezone.now()
+    assert snapshot_totals(now + timedelta(seconds=30))["lost"] == [(*at.values(), 100.0)]
+    assert snapshot_totals(now + timedelta(seconds=61))["lost"] == [(*at.values(), 150.0)]
+    IncidentFactory(job=job, cluster=job.cluster, cause="network", lost_gpu_seconds=25.0)
+    settings.REBOUND_METRICS_TOTALS_MAX_AGE_S = 0
+    fams = families(scrape(client))
+    assert value(fams, "rebound_incident_lost_gpu_seconds_total", **at) == 175
 
 
 # --- who may read it -------------------------------------------------------------------
