@@ -3,9 +3,9 @@ gunicorn runs several processes, so counters kept in one process would each tell
 part. Never a stream table (events, steps, windows), and no scan of a table that only
 grows on each scrape:
 
-- live at every scrape, each through an index on the few rows it needs: open
-  incidents, unfinished actions and approvals, recent jobs' ledgers, the outbox due,
-  the broker's queues;
+- live at every scrape: open incidents and unfinished actions and approvals (partial
+  indexes on just those), recent jobs' ledgers (the jobs table: a row per job, not per
+  event), the outbox due, the broker's queues;
 - the totals over every job, incident and finished action (job counts, events
   stored, lost compute, the incident-time histograms, finished actions) come from a
   snapshot in the cache, read anew at most every REBOUND_METRICS_TOTALS_MAX_AGE_S
