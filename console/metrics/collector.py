@@ -1,7 +1,7 @@
 """The metrics of one scrape, read from the database (and the broker and the cache):
 gunicorn runs several processes, so counters kept in one process would each tell a
-part. Never a stream table (events, steps, windows), and no scan of a table that only
-grows on each scrape:
+part. Never a stream table (events, steps, windows), and no scan of the incidents or
+the actions on each scrape:
 
 - live at every scrape: open incidents and unfinished actions and approvals (partial
   indexes on just those), recent jobs' ledgers (the jobs table: a row per job, not per
