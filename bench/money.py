@@ -7,8 +7,11 @@ launches, as the reliability report, the overview and the incident list read it.
 Seeds its own database (`rebound_bench_money`, or --database-url; rows are kept and
 reused while the sizes match; --reseed drops the database first) with plain rows: one cluster
 priced per GPU-hour, 4 node pools (3 priced), 2,048 nodes, each job 3 launches on
-`--nodes-per-launch` nodes, incidents spread over the last 30 days. Prints the median
-of `--n` runs of each read and its query count.
+`--nodes-per-launch` nodes (each launch with its count of nodes by pool, as ingest
+keeps it), incidents spread over the last 30 days. Prints the median of `--n` runs of
+each read and its query count: with the launches' counts, without them (as rows
+written past the services; their nodes are counted), and with the cluster's price
+alone.
 """
 
 import argparse
@@ -16,6 +19,7 @@ import os
 import statistics
 import sys
 import time
+from collections import Counter
 from datetime import timedelta
 from decimal import Decimal
 from urllib.parse import urlsplit, urlunsplit
@@ -34,7 +38,7 @@ def seed(n_jobs: int, n_incidents: int, per_launch: int):
     from incidents.models import Incident
     from jobs.models import Attempt, Cluster, Node, NodePoolPrice, TrainingJob
 
-    name = f"money-{n_jobs}-{n_incidents}-{per_launch}"
+    name = f"money-{n_jobs}-{n_incidents}-{per_launch}-counted"
     cluster = Cluster.objects.filter(name=name).first()
     if cluster is not None:
         return cluster
@@ -54,17 +58,28 @@ def seed(n_jobs: int, n_incidents: int, per_launch: int):
         jobs = TrainingJob.objects.bulk_create(
             TrainingJob(cluster=cluster, key=f"{name}-job{j}") for j in range(n_jobs)
         )
+        picks = [
+            [nodes[(k * (per_launch // 3) + i) % NODES] for i in range(per_launch)]
+            for k in range(3 * n_jobs)
+        ]
         attempts = Attempt.objects.bulk_create(
-            Attempt(job=job, number=k + 1, world_size=per_launch * 8, gpus_per_node=8)
-            for job in jobs
+            Attempt(
+                job=job,
+                number=k + 1,
+                world_size=per_launch * 8,
+                gpus_per_node=8,
+                # Its nodes counted by pool, as ingest keeps them (jobs.services.lifecycle).
+                pool_counts=dict(Counter(n.pool for n in picks[3 * j + k])),
+            )
+            for j, job in enumerate(jobs)
             for k in range(3)
         )
         through = Attempt.nodes.through
-        rows, start = [], 0
-        for a in attempts:
-            picked = [nodes[(start + i) % NODES] for i in range(per_launch)]
-            start += per_launch // 3
-            rows += [through(attempt_id=a.pk, node_id=n.pk) for n in picked]
+        rows = [
+            through(attempt_id=a.pk, node_id=n.pk)
+            for a, picked in zip(attempts, picks, strict=True)
+            for n in picked
+        ]
         through.objects.bulk_create(rows, batch_size=10_000)
         now = timezone.now()
         Incident.objects.bulk_create(
@@ -133,7 +148,7 @@ def main() -> int:
 
     from incidents.costs import incident_costs
     from incidents.models import Incident
-    from jobs.models import NodePoolPrice
+    from jobs.models import Attempt, NodePoolPrice
 
     cluster = seed(args.jobs, args.incidents, args.nodes_per_launch)
     now = timezone.now()
@@ -144,8 +159,13 @@ def main() -> int:
         f"{len(rows)} incidents of {args.jobs} jobs, launches of {args.nodes_per_launch} nodes"
         f" in 4 pools, 3 priced ({priced} incidents priced)"
     )
-    print("with node pool prices (each launch's nodes counted by pool):")
+    print("with node pool prices (each launch's count of its nodes by pool, as ingest keeps it):")
     run_all(cluster, rows, now, args.n)
+    with transaction.atomic():
+        Attempt.objects.filter(job__cluster=cluster).update(pool_counts=None)
+        print("with node pool prices, launches without their count (their nodes counted):")
+        run_all(cluster, rows, now, args.n)
+        transaction.set_rollback(True)
     with transaction.atomic():
         NodePoolPrice.objects.filter(cluster=cluster).delete()
         print("the cluster's price alone (no pools: no nodes read):")

@@ -13,7 +13,7 @@ from jobs.models import (
     TrainingJob,
 )
 from jobs.services.maintenance import maintenance_window_cancel
-from jobs.services.pricing import currency_check, pool_check, price_check
+from jobs.services.pricing import currency_check, node_set_pool, pool_check, price_check
 
 
 def _checked(check, value):
@@ -91,6 +91,16 @@ class NodeAdmin(admin.ModelAdmin):
     list_display = ["name", "cluster", "pool", "state", "last_heartbeat_at"]
     list_filter = ["cluster", "state", "pool"]
     search_fields = ["name", "pool"]
+
+    def save_model(self, request, obj, form, change):
+        """A new pool goes through the service: the launches the node ran in are
+        priced at it too."""
+        if not change or "pool" not in form.changed_data:
+            return super().save_model(request, obj, form, change)
+        pool, obj.pool = obj.pool, form.initial.get("pool", "")
+        super().save_model(request, obj, form, change)
+        node_set_pool(node_id=obj.pk, pool=pool)
+        obj.pool = pool
 
 
 class AttemptInline(admin.TabularInline):

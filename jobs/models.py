@@ -180,6 +180,10 @@ class Attempt(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True)
     end_reason = models.CharField(max_length=16, choices=EndReason.choices, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
+    # Its nodes counted by pool ({pool: n}, "" for none), kept with the nodes and their
+    # pools (jobs.services.lifecycle, jobs.services.pricing.node_set_pool), so that
+    # pricing a launch of thousands of nodes reads one row; null: not counted.
+    pool_counts = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["job_id", "number"]

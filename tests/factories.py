@@ -30,6 +30,7 @@ from jobs.models import (
     StepRecord,
     TrainingJob,
 )
+from jobs.selectors.prices import nodes_by_pool
 from recovery.models import Action, ActionAudit, ClusterRecoverySettings
 
 
@@ -79,6 +80,9 @@ class AttemptFactory(DjangoModelFactory):
     @factory.post_generation
     def nodes(obj, create, extracted, **kwargs):
         _set_nodes(obj, create, extracted)
+        if create and extracted is not None:  # as ingest keeps them (jobs.services.lifecycle)
+            obj.pool_counts = nodes_by_pool(n.pk for n in extracted)
+            obj.save(update_fields=["pool_counts"])
 
 
 class CheckpointFactory(DjangoModelFactory):

@@ -9,7 +9,9 @@ price, no cluster price), the whole has none: `None`, never a partial figure or 
 
 Prices are read once for all the clusters a page or an answer shows
 (`price_book`, one query), never per row; the nodes' pools are read only for the
-clusters that price pools (`launch_pools`, `job_pools`: one query each).
+clusters that price pools (`launch_pools`, `job_pools`: one query each), from each
+launch's own count of its nodes by pool (`Attempt.pool_counts`); a launch without
+one (rows written past the services) has its nodes counted, one more query.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import NamedTuple
 
 from django.db.models import Count, Q
 
-from jobs.models import Attempt, Cluster
+from jobs.models import Attempt, Cluster, Node
 
 CENT = Decimal("0.01")
 _SECONDS_PER_HOUR = Decimal(3600)
@@ -111,41 +113,68 @@ def cluster_prices(cluster: Cluster) -> ClusterPrices:
     return price_book([cluster.pk]).clusters[cluster.pk]
 
 
+def nodes_by_pool(node_ids) -> dict[str, int]:
+    """Nodes counted by pool ('' for none): a launch's `pool_counts`. One query."""
+    rows = (
+        Node.objects.filter(pk__in=list(node_ids))
+        .values_list("pool")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    return dict(rows)
+
+
+def _counted(attempt_ids) -> dict[int, Counter]:
+    """Launches' nodes counted by pool from their nodes, by launch id: for launches
+    without `pool_counts`. One query, counted in SQL (thousands of nodes a launch)."""
+    rows = (
+        Attempt.nodes.through.objects.filter(attempt_id__in=list(attempt_ids))
+        .values_list("attempt_id", "node__pool")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    out: dict[int, Counter] = {}
+    for attempt_id, pool, n in rows:
+        out.setdefault(attempt_id, Counter())[pool] += n
+    return out
+
+
+def _pools_of(attempts) -> dict[int, Counter]:
+    """(id, pool_counts) pairs -> each launch's nodes counted by pool, by id; a launch
+    without nodes is left out (priced at its cluster's price)."""
+    out = {}
+    uncounted = []
+    for pk, counts in attempts:
+        if counts is None:
+            uncounted.append(pk)
+        elif counts:
+            out[pk] = Counter(counts)
+    if uncounted:
+        out.update(_counted(uncounted))
+    return out
+
+
 def launch_pools(keys) -> dict[tuple[int, int], Counter]:
-    """Per launch, keyed (job id, launch number): its nodes counted by pool. One query,
-    counted in SQL (a launch may have thousands of nodes)."""
+    """Per launch, keyed (job id, launch number): its nodes counted by pool. One query
+    (two where a launch has no `pool_counts`)."""
     keys = {k for k in keys if k[1] is not None}
     if not keys:
         return {}
     match = Q()
     for job_id in {j for j, _ in keys}:
         match |= Q(job_id=job_id, number__in=[n for j, n in keys if j == job_id])
-    out: dict[tuple[int, int], Counter] = {}
-    # The launches picked first (their unique index), then their nodes by launch id: the
-    # planner joins and groups those far faster than under the (job, number) pairs.
-    rows = (
-        Attempt.nodes.through.objects.filter(
-            attempt_id__in=Attempt.objects.filter(match).values("pk")
-        )
-        .values_list("attempt__job_id", "attempt__number", "node__pool")
-        .annotate(n=Count("pk"))
-        .order_by()
-    )
-    for job_id, number, pool, n in rows:
-        out.setdefault((job_id, number), Counter())[pool] += n
-    return out
+    rows = list(Attempt.objects.filter(match).values_list("pk", "job_id", "number", "pool_counts"))
+    pools = _pools_of((pk, counts) for pk, _, _, counts in rows)
+    return {(job_id, number): pools[pk] for pk, job_id, number, _ in rows if pk in pools}
 
 
 def job_pools(*, job) -> Counter:
     """A job's nodes counted by pool, each node once per launch it ran in: its
-    GPU-seconds spread over its launches' nodes. One query."""
-    rows = (
-        Attempt.nodes.through.objects.filter(attempt__job=job)
-        .values_list("node__pool")
-        .annotate(n=Count("pk"))
-        .order_by()
-    )
-    return Counter(dict(rows))
+    GPU-seconds spread over its launches' nodes. One query (two, as launch_pools)."""
+    total: Counter = Counter()
+    for counts in _pools_of(job.attempts.values_list("pk", "pool_counts")).values():
+        total.update(counts)
+    return total
 
 
 def job_badput_cost(*, job, gpu_seconds: dict) -> Cost | None:

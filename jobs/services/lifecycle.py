@@ -11,6 +11,7 @@ from django.db.models import Q
 from common.time import dt
 from jobs.bulk import update_rows
 from jobs.models import Attempt, Checkpoint
+from jobs.selectors.prices import nodes_by_pool
 from jobs.services.history import HistoryConflict, batch_finishes, batch_history_conflicts
 
 
@@ -67,8 +68,9 @@ def lifecycle_project(
             a.started_at = dt(e.ts)
             a.world_size = d["world_size"]
             a.gpus_per_node = d.get("gpus_per_node")
-            names = d.get("nodes") or []
-            a.nodes.set([node_ids[n] for n in names])
+            ids = [node_ids[n] for n in d.get("nodes") or []]
+            a.nodes.set(ids)
+            a.pool_counts = nodes_by_pool(ids)
             changed.add(key)
         elif e.kind == "ready" and earlier(a.ready_at, e.ts):
             a.ready_at = dt(e.ts)
@@ -100,6 +102,7 @@ def lifecycle_project(
             "exit_code",
             "world_size",
             "gpus_per_node",
+            "pool_counts",
         ],
         [attempts[k] for k in sorted(changed)],
     )

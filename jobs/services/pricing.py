@@ -11,7 +11,7 @@ from decimal import Decimal
 from django.db import transaction
 
 from common.errors import Invalid
-from jobs.models import Cluster, Node, NodePoolPrice
+from jobs.models import Attempt, Cluster, Node, NodePoolPrice
 
 audit = logging.getLogger("rebound.audit")
 
@@ -92,7 +92,26 @@ def cluster_pricing_set(
 
 
 def node_set_pool(*, node_id: int, pool: str) -> None:
-    """Puts a node in a node pool ('' takes it out): it is priced at the pool's price."""
+    """Puts a node in a node pool ('' takes it out): it is priced at the pool's price,
+    in every launch it ran in too (their `pool_counts` move the node across)."""
     if pool:
         pool_check(pool)
-    Node.objects.filter(pk=node_id).update(pool=pool)
+    with transaction.atomic():
+        old = Node.objects.select_for_update().filter(pk=node_id).values_list("pool", flat=True)
+        old = old.first()
+        if old is None or old == pool:
+            return
+        Node.objects.filter(pk=node_id).update(pool=pool)
+        launches = list(
+            Attempt.objects.select_for_update(of=("self",))
+            .filter(nodes=node_id, pool_counts__isnull=False)
+            .only("pk", "pool_counts")
+        )
+        for launch in launches:
+            counts = dict(launch.pool_counts)
+            counts[old] = counts.get(old, 0) - 1
+            if counts[old] <= 0:
+                del counts[old]
+            counts[pool] = counts.get(pool, 0) + 1
+            launch.pool_counts = counts
+        Attempt.objects.bulk_update(launches, ["pool_counts"], batch_size=500)

@@ -3,14 +3,17 @@ price winning for its nodes, GPU-seconds shared evenly over the nodes of several
 pools, no price -> None (never 0); a job's badput in money on its goodput answer; the
 pricing endpoint (roles, validation) and the admin."""
 
+import importlib
+from collections import Counter
 from decimal import Decimal
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from jobs.models import Cluster, NodePoolPrice
+from jobs.models import Attempt, Cluster, NodePoolPrice, TrainingJob
 from jobs.selectors import Cost, job_badput_cost, launch_pools, price_book
+from jobs.services import node_set_pool
 from tests.factories import AttemptFactory, ClusterFactory, NodeFactory, TrainingJobFactory
 
 pytestmark = pytest.mark.django_db
@@ -101,6 +104,60 @@ def test_prices_of_many_clusters_are_one_query_and_pools_one_more():
     assert book.cost(clusters[0].pk, 3 * HOUR, pools[keys[0]]) == Cost(Decimal("11.00"), "USD")
 
 
+def test_a_launch_keeps_its_nodes_counted_by_pool_and_a_moved_node_moves_across(ingest):
+    """Ingest counts a launch's nodes by pool when it starts; a node put in another pool
+    moves in the count of every launch it ran in; pricing reads the counts, one row a
+    launch, and counts the nodes of a launch without them (rows written past the
+    services) as they are."""
+    east = priced(price="1", h100="3")
+    for name, pool in (("g1", "h100"), ("g2", "")):
+        NodeFactory(cluster=east, name=name, pool=pool)
+    assert ingest(_events("llm", ["g1", "g2"])).status_code == 202
+    job = TrainingJob.objects.get(key="llm")
+    assert [a.pool_counts for a in job.attempts.order_by("number")] == [{"h100": 1, "": 1}] * 2
+    g2 = east.nodes.get(name="g2")
+    node_set_pool(node_id=g2.pk, pool="h100")
+    node_set_pool(node_id=g2.pk, pool="h100")  # no move: nothing changes
+    assert [a.pool_counts for a in job.attempts.all()] == [{"h100": 2}] * 2
+    node_set_pool(node_id=g2.pk, pool="l4")
+    assert [a.pool_counts for a in job.attempts.all()] == [{"h100": 1, "l4": 1}] * 2
+    keys = [(job.pk, 1), (job.pk, 2)]
+    with CaptureQueriesContext(connection) as q:
+        stored = launch_pools(keys)
+    assert len(q.captured_queries) == 1
+    job.attempts.update(pool_counts=None)
+    with CaptureQueriesContext(connection) as q:
+        assert launch_pools(keys) == stored == {k: Counter({"h100": 1, "l4": 1}) for k in keys}
+    assert len(q.captured_queries) == 2
+
+
+def test_the_migration_counts_the_launches_made_before_it():
+    from django.apps import apps
+
+    migration = importlib.import_module("jobs.migrations.0016_launch_pool_counts")
+    east = priced(price="1", h100="3")
+    a = launch(east, ["h100", "h100", ""])
+    empty = AttemptFactory(job=a.job)
+    Attempt.objects.update(pool_counts=None)
+    migration.count_every_launchs_nodes_by_pool(apps, None)
+    a.refresh_from_db()
+    empty.refresh_from_db()
+    assert (a.pool_counts, empty.pool_counts) == ({"h100": 2, "": 1}, {})
+
+
+def test_the_admin_moves_a_node_through_the_service(client, django_user_model):
+    east = priced(price="1", h100="3")
+    a = launch(east, ["", ""])
+    node = a.nodes.order_by("name").first()
+    client.force_login(django_user_model.objects.create_superuser("root", "r@example.com", "x"))
+    form = {"cluster": east.pk, "name": node.name, "state": "active", "registered": "on"}
+    r = client.post(f"/admin/jobs/node/{node.pk}/change/", {**form, "pool": "h100"})
+    assert r.status_code == 302, r.content.decode()[:3000]
+    node.refresh_from_db()
+    a.refresh_from_db()
+    assert node.pool == "h100" and a.pool_counts == {"h100": 1, "": 1}
+
+
 # --- a job's badput in money -----------------------------------------------------------
 
 
@@ -141,7 +198,8 @@ def test_the_goodput_answer_prices_the_jobs_badput(personas, ingest):
     assert body["currency"] == "USD"
     assert body["badput_cost"] == pytest.approx(round(badput_gpu_s / HOUR * 3.60, 2))
     # Its nodes move to the h100 pool: the pool's price wins.
-    east.nodes.filter(name__in=["g1", "g2"]).update(pool="h100")
+    for node in east.nodes.filter(name__in=["g1", "g2"]):
+        node_set_pool(node_id=node.pk, pool="h100")
     body = viewer.get("/api/v1/jobs/llm/goodput").json()
     assert body["badput_cost"] == pytest.approx(round(badput_gpu_s / HOUR * 7.20, 2))
     # A window's badput is the window's.
