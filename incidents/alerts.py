@@ -9,14 +9,16 @@ node that runs jobs becomes one wire `fault` event per job, stored through inges
 incident exactly as for a fault the job reported: one incident per fault episode. The
 quick detection pass runs at once, in the same transaction, so the incident is there
 when Alertmanager is answered; the usual follow-up (the outbox) runs after it.
-A firing alert on a node that runs no job marks the node suspect. A resolved alert
-resolves the incidents it alone stands behind. Every receipt is on the timelines.
+A firing alert on a node that runs no job marks the node suspect. A repeat of a
+firing alert (Alertmanager's repeat_interval) reports the fault to the jobs that
+started on its node since. A resolved alert resolves the incidents it alone stands
+behind. Every receipt is on the timelines.
 
 Idempotent: an alert is one row per (cluster, fingerprint, startsAt) and its events'
 ids derive from the same, so a delivery repeated changes nothing but when it was last
 heard. One delivery is one transaction: all of it is stored, or none.
 
-(Long module: about 580 lines, one path from the webhook's bytes to the incidents,
+(Long module: about 610 lines, one path from the webhook's bytes to the incidents,
 read in one place: the payload's checks, the mapping, the receipt.)
 """
 
@@ -366,13 +368,18 @@ def alerts_receive(*, cluster: Cluster, alerts: list[ParsedAlert], now=None) -> 
                 cluster=cluster, fingerprint__in={p.fingerprint for p in unique}
             )
         }
-        # What is new, mapped; its nodes and their launches read once for the delivery.
+        # What is new, mapped; its nodes, and the nodes of the repeats of firing faults,
+        # with their launches read once for the delivery.
         mapped = {
             id(p): alert_map(p.labels, p.annotations, cfg)
             for p in unique
             if (p.fingerprint, dt(p.starts_at)) not in stored
         }
         nodes = _nodes(cluster, {m.node_label for m in mapped.values() if m.node_label})
+        watched = [
+            a.node_id for a in stored.values() if a.status == Alert.Status.FIRING and a.fault_type
+        ]
+        nodes.update({n.name: n for n in Node.objects.filter(pk__in=watched)} if watched else {})
         launches = nodes_running_launches(nodes=list(nodes.values())) if nodes else {}
         reported = _Reported()
         for parsed in unique:
@@ -391,6 +398,8 @@ def alerts_receive(*, cluster: Cluster, alerts: list[ParsedAlert], now=None) -> 
                     receipts=F("receipts") + 1, last_received_at=now
                 )
                 record.refresh_from_db()
+                if record.status == Alert.Status.FIRING and record.fault_type and record.node:
+                    _report_to_newcomers(record, parsed, launches.get(record.node_id, []), reported)
                 receipts.append(Receipt(record, "repeat"))
         if reported.events:
             _report(cluster, reported)
@@ -435,28 +444,47 @@ def _record_new(
         launches = on_node
         record.outcome = Alert.Outcome.INCIDENT if launches else Alert.Outcome.NO_JOB
     for job, attempt in launches:
-        event_id = f"alert:{parsed.fingerprint}:{round(parsed.starts_at * 1000)}"
-        started = attempt.started_at.timestamp() if attempt.started_at else parsed.starts_at
-        reported.events.append(
-            WireEvent(
-                index=len(reported.events),
-                client_id=event_id,
-                job=job.key,
-                kind="fault",
-                # A fault that began before this launch was there from its start.
-                ts=max(parsed.starts_at, started),
-                attempt=attempt.number,
-                node=node.name,
-                rank=None,
-                data=_fault_data(record, parsed),
-            )
-        )
-        record.events.append({"job": job.key, "event": event_id})
-        reported.by_alert.append((record, job, attempt.number, event_id))
+        _fault_event(record, parsed, job, attempt, reported)
     record.save()
     if record.outcome == Alert.Outcome.NO_JOB:
         node_mark_suspect(node_id=node.pk)  # no change unless it was active
     return record
+
+
+def _fault_event(record: Alert, parsed: ParsedAlert, job, attempt, reported: _Reported) -> None:
+    """The alert's fault as a wire event of the launch `attempt` of `job` on its node."""
+    event_id = f"alert:{parsed.fingerprint}:{round(parsed.starts_at * 1000)}"
+    started = attempt.started_at.timestamp() if attempt.started_at else parsed.starts_at
+    reported.events.append(
+        WireEvent(
+            index=len(reported.events),
+            client_id=event_id,
+            job=job.key,
+            kind="fault",
+            # A fault that began before this launch was there from its start.
+            ts=max(parsed.starts_at, started),
+            attempt=attempt.number,
+            node=record.node.name,
+            rank=None,
+            data=_fault_data(record, parsed),
+        )
+    )
+    record.events.append({"job": job.key, "event": event_id})
+    reported.by_alert.append((record, job, attempt.number, event_id))
+
+
+def _report_to_newcomers(record: Alert, parsed: ParsedAlert, on_node, reported) -> None:
+    """A repeat of a firing fault: the jobs that started on its node since it was last
+    heard of get the fault too (a scheduler may place a job on a node the alert made
+    suspect); those it was reported to already are left as they are."""
+    told = {e["job"] for e in record.events}
+    newcomers = [(job, attempt) for job, attempt in on_node if job.key not in told]
+    if not newcomers:
+        return
+    for job, attempt in newcomers:
+        _fault_event(record, parsed, job, attempt, reported)
+    record.outcome = Alert.Outcome.INCIDENT
+    record.save(update_fields=["events", "outcome"])
 
 
 def _fault_data(record: Alert, parsed: ParsedAlert) -> dict:

@@ -408,6 +408,28 @@ def test_an_alert_for_a_node_without_a_job_marks_it_suspect_and_opens_nothing(
     assert [a["fingerprint"] for a in listed["results"]] == ["5e1f00d1c0ffee01"]
 
 
+def test_a_repeat_reports_the_fault_to_a_job_that_started_on_the_node_since(post, running, ingest):
+    """A scheduler placed a job on the node the alert made suspect: the next repeat of
+    the still-firing alert opens that job's incident; later repeats add nothing, and
+    the resolve resolves it."""
+    body = payload(alert({"Hostname": "n3", "err_code": "79"}))
+    assert post(body).json()["alerts"][0]["outcome"] == "no_job"
+    started = [{"id": "s3", "job": "j3", "kind": "attempt_started", "ts": T0 + 600,
+                "attempt": 1, "data": {"world_size": 8, "nodes": ["n3"]}}]  # fmt: skip
+    assert ingest(started).status_code == 202
+    r = post(body)
+    assert (r.json()["repeats"], r.json()["alerts"][0]["outcome"]) == (1, "incident")
+    [incident] = incidents()
+    assert (incident.job.key, incident.xid, incident.attempt) == ("j3", 79, 1)
+    [record] = Alert.objects.all()
+    assert list(record.incidents.all()) == [incident]
+    post(body)
+    assert Event.objects.filter(kind="fault").count() == 1 and len(incidents()) == 1
+    post(payload(alert({"Hostname": "n3", "err_code": "79"}, status="resolved", ends=ENDS)))
+    incident.refresh_from_db()
+    assert incident.state == "resolved"
+
+
 def test_a_cordoned_node_stays_cordoned(post, running):
     Node.objects.filter(name="n3").update(state="cordoned")
     post(payload(alert({"Hostname": "n3"})))
