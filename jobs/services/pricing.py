@@ -97,11 +97,11 @@ def node_set_pool(*, node_id: int, pool: str) -> None:
     if pool:
         pool_check(pool)
     with transaction.atomic():
-        old = Node.objects.select_for_update().filter(pk=node_id).values_list("pool", flat=True)
-        old = old.first()
+        nodes = Node.objects.select_for_update().filter(pk=node_id)
+        old = nodes.values_list("pool", flat=True).first()
         if old is None or old == pool:
             return
-        Node.objects.filter(pk=node_id).update(pool=pool)
+        nodes.update(pool=pool)
         launches = list(
             Attempt.objects.select_for_update(of=("self",))
             .filter(nodes=node_id, pool_counts__isnull=False)
