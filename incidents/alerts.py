@@ -366,7 +366,7 @@ def alerts_receive(*, cluster: Cluster, alerts: list[ParsedAlert], now=None) -> 
             (a.fingerprint, a.starts_at): a
             for a in Alert.objects.filter(
                 cluster=cluster, fingerprint__in={p.fingerprint for p in unique}
-            )
+            ).select_related("node")
         }
         # What is new, mapped; its nodes, and the nodes of the repeats of firing faults,
         # with their launches read once for the delivery.
@@ -376,10 +376,11 @@ def alerts_receive(*, cluster: Cluster, alerts: list[ParsedAlert], now=None) -> 
             if (p.fingerprint, dt(p.starts_at)) not in stored
         }
         nodes = _nodes(cluster, {m.node_label for m in mapped.values() if m.node_label})
-        watched = [
-            a.node_id for a in stored.values() if a.status == Alert.Status.FIRING and a.fault_type
-        ]
-        nodes.update({n.name: n for n in Node.objects.filter(pk__in=watched)} if watched else {})
+        nodes.update(
+            (a.node.name, a.node)
+            for a in stored.values()
+            if a.status == Alert.Status.FIRING and a.fault_type and a.node
+        )
         launches = nodes_running_launches(nodes=list(nodes.values())) if nodes else {}
         reported = _Reported()
         for parsed in unique:
@@ -397,7 +398,7 @@ def alerts_receive(*, cluster: Cluster, alerts: list[ParsedAlert], now=None) -> 
                 Alert.objects.filter(pk=record.pk).update(
                     receipts=F("receipts") + 1, last_received_at=now
                 )
-                record.refresh_from_db()
+                record.refresh_from_db(fields=["receipts", "last_received_at"])  # node kept
                 if record.status == Alert.Status.FIRING and record.fault_type and record.node:
                     _report_to_newcomers(record, parsed, launches.get(record.node_id, []), reported)
                 receipts.append(Receipt(record, "repeat"))
